@@ -1,0 +1,19 @@
+"""Test setup: TensorFlow sees 8 logical CPU devices, and runtime graph rewrites are off."""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def pytest_configure(config):
+    try:
+        import tensorflow as tf
+    except ImportError:  # planner-only tests still run
+        return
+    cpus = tf.config.list_physical_devices("CPU")
+    try:
+        tf.config.set_logical_device_configuration(
+            cpus[0], [tf.config.LogicalDeviceConfiguration()] * 8)
+    except RuntimeError:
+        pass  # already initialised by another plugin; the device count is checked in tests
+    tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
