@@ -1,0 +1,87 @@
+"""Layers as plain TF ops: each constructor creates its variables and returns `apply(x)`.
+
+Creating variables at construction and computing in `apply` lets the same model code run
+eagerly (variables made outside the traced step) and in graph-only mode.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import tensorflow as tf
+
+from tofu_tf.models.common import VariableStore
+
+Apply = Callable[[tf.Tensor], tf.Tensor]
+NORM_EPSILON = 1e-5
+BN_MOMENTUM = 0.9
+
+
+def dense(store: VariableStore, name: str, d_in: int, d_out: int, *,
+          scale: float | None = None) -> Apply:
+    """y = x @ W + b for x of shape [n, d_in]."""
+    kernel = store.get(f"{name}/kernel", [d_in, d_out],
+                       1.0 / math.sqrt(d_in) if scale is None else scale)
+    bias = store.get(f"{name}/bias", [d_out])
+
+    def apply(x):
+        return tf.matmul(x, kernel) + bias
+    return apply
+
+
+def conv2d(store: VariableStore, name: str, size: int, c_in: int, c_out: int,
+           stride: int = 1) -> Apply:
+    """NHWC convolution with SAME padding and no bias (a batch norm follows it)."""
+    kernel = store.get(f"{name}/kernel", [size, size, c_in, c_out],
+                       math.sqrt(2.0 / (size * size * c_in)))
+
+    def apply(x):
+        return tf.nn.conv2d(x, kernel, strides=stride, padding="SAME")
+    return apply
+
+
+def batch_norm(store: VariableStore, name: str, channels: int) -> Apply:
+    """Training-mode batch norm over N, H, W; also updates the moving mean and variance."""
+    gamma = store.get(f"{name}/gamma", [channels], offset=1.0)
+    beta = store.get(f"{name}/beta", [channels])
+    moving_mean = store.get(f"{name}/moving_mean", [channels], trainable=False)
+    moving_var = store.get(f"{name}/moving_variance", [channels], offset=1.0, trainable=False)
+
+    def apply(x):
+        mean, variance = tf.nn.moments(x, axes=[0, 1, 2])
+        _update_moving(store, moving_mean, mean)
+        _update_moving(store, moving_var, variance)
+        return (x - mean) * tf.math.rsqrt(variance + NORM_EPSILON) * gamma + beta
+    return apply
+
+
+def _update_moving(store: VariableStore, moving: tf.Variable, batch_value: tf.Tensor) -> None:
+    value = tf.stop_gradient(batch_value)
+    new = BN_MOMENTUM * moving + (1.0 - BN_MOMENTUM) * value
+    store.add_update(moving.assign(new, read_value=False))
+
+
+def layer_norm(store: VariableStore, name: str, channels: int) -> Apply:
+    """Normalises the last axis: (x - mean) / sqrt(var + eps) * gain + bias."""
+    gain = store.get(f"{name}/gain", [channels], offset=1.0)
+    bias = store.get(f"{name}/bias", [channels])
+
+    def apply(x):
+        mean = tf.reduce_mean(x, axis=-1, keepdims=True)
+        centered = x - mean
+        variance = tf.reduce_mean(tf.square(centered), axis=-1, keepdims=True)
+        return centered * tf.math.rsqrt(variance + NORM_EPSILON) * gain + bias
+    return apply
+
+
+def softmax_cross_entropy(logits: tf.Tensor, one_hot_labels: tf.Tensor) -> tf.Tensor:
+    """Mean softmax cross-entropy against dense (one-hot) labels."""
+    losses = tf.nn.softmax_cross_entropy_with_logits(labels=one_hot_labels, logits=logits)
+    return tf.reduce_mean(losses)
+
+
+def sparse_softmax_cross_entropy(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+    """Mean softmax cross-entropy against integer labels (logits [n, classes], labels [n])."""
+    losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+    return tf.reduce_mean(losses)

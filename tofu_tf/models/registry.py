@@ -1,0 +1,35 @@
+"""The model registry, `build`, and the paper-size settings of each model."""
+
+from __future__ import annotations
+
+from tofu_tf.errors import TofuError
+from tofu_tf.models import lstm, mlp, transformer, wresnet
+from tofu_tf.models.builder import ModelDef
+from tofu_tf.models.common import ModelStep
+
+MODELS: dict[str, ModelDef] = {m.MODEL.name: m.MODEL for m in (mlp, wresnet, lstm, transformer)}
+
+# Keyword arguments of `build` for the sizes of the Tofu paper (largest evaluated settings)
+# and GPT-2 medium.
+PAPER_SIZES: dict[str, dict] = {
+    "wresnet": {"depth": 152, "widen": 10, "base_width": 64, "image_size": 224,
+                "num_classes": 1000, "batch_size": 8},
+    "lstm": {"layers": 10, "hidden": 8192, "steps": 20, "embedding": 512, "vocab": 512,
+             "num_classes": 512, "batch_size": 8},
+    "transformer": {"layers": 24, "d_model": 1024, "heads": 16, "seq_len": 1024,
+                    "vocab": 50257, "batch_size": 8},
+}
+
+
+def build(name: str, *, optimizer: str = "sgd", batch_size: int, graph_only: bool = False,
+          seed: int = 0, learning_rate: float | None = None, **sizes) -> ModelStep:
+    """Builds model `name`'s training step; see `MODELS[name].defaults` for its sizes.
+
+    Eager (default): tiny-size friendly, real variables from a NumPy RNG seeded by `seed`.
+    graph_only=True: a GraphDef in a fresh tf.Graph, no weight memory; any size.
+    `learning_rate` defaults per optimizer (optimizers.DEFAULT_LEARNING_RATE).
+    """
+    if name not in MODELS:
+        raise TofuError(f"unknown model '{name}'; valid choices: {', '.join(MODELS)}.")
+    return MODELS[name](optimizer=optimizer, batch_size=batch_size, graph_only=graph_only,
+                        seed=seed, learning_rate=learning_rate, **sizes)
