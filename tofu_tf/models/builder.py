@@ -9,7 +9,8 @@ respect to every trainable variable, and the optimizer's assignments. Both modes
 - graph-only: everything, inputs included (`tf.compat.v1.placeholder`), is made inside a
   fresh `tf.Graph`; variable initializers are never run, so no weight memory is allocated.
 
-Either way the graph holds a tensor `loss:0` and a NoOp `train_op` grouping all updates.
+Either way the graph holds a tensor `loss:0` and a NoOp `train_op` grouping all updates;
+a graph-only graph also holds a NoOp `init` that runs every variable initializer.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from tofu_tf.models.common import FeedSpec, ModelStep, VariableStore
 from tofu_tf.models.optimizers import make_optimizer, optimizer_config
 
 LossFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
-LOSS_NAME, TRAIN_OP_NAME = "loss", "train_op"
+LOSS_NAME, TRAIN_OP_NAME, INIT_OP_NAME = "loss", "train_op", "init"
 
 
 @dataclass(frozen=True)
@@ -107,10 +108,11 @@ def _build_graph_only(model, sizes, batch_size, opt, seed, x_spec, y_spec, confi
         loss_fn = model.define(store, sizes, batch_size)
         optimizer = make_optimizer(opt, store)
         loss, train_op = train_step(loss_fn, store, optimizer, x, y)
+        init_op = tf.group(*[v.initializer for v in store.variables], name=INIT_OP_NAME)
     graph_def = graph.as_graph_def(add_shapes=True)
     feeds = {t.name: (tuple(t.shape.as_list()), t.dtype.name) for t in (x, y)}
     return ModelStep(model.name, config, graph_def, [loss.name, train_op.name], feeds,
-                     _sample=sample)
+                     init_op=init_op.name, _sample=sample)
 
 
 def _complete_sizes(model: ModelDef, sizes: dict) -> dict:

@@ -35,6 +35,7 @@ class ModelStep:
     step: Any | None = None             # eager only: tf.function, step(x, y) -> loss
     concrete_function: Any | None = None  # eager only: the step traced for the batch shapes
     variables: list[tf.Variable] | None = None  # eager only: model variables, then slots
+    init_op: str | None = None          # graph-only: NoOp running every variable initializer
     _sample: Callable[[np.random.Generator], tuple[np.ndarray, ...]] | None = field(
         default=None, repr=False)
 
