@@ -46,6 +46,11 @@ def test_eager_build_exposes_graph_and_feeds(name):
     assert len(model.concrete_function.graph.captures) >= len(trainable)
 
 
+def test_str_names_model_sizes_and_mode():
+    text = str(build("lstm", optimizer="adam", batch_size=2, graph_only=True, hidden=8))
+    assert text.startswith("lstm(layers=2, hidden=8,") and "adam, batch 2, graph-only" in text
+
+
 def test_different_seeds_give_different_weights():
     first, second = (build("mlp", batch_size=2, seed=s) for s in (0, 1))
     assert not np.array_equal(first.variables[0].numpy(), second.variables[0].numpy())
@@ -176,6 +181,7 @@ def test_graph_only_allocates_nothing_for_large_shapes():
     (dict(name="wresnet", units=(1, 2)), "units"),
     (dict(name="transformer", d_model=30, heads=4), "heads=4"),
     (dict(name="lstm", learning_rate=-1.0), "learning_rate"),
+    (dict(name="lstm", seed=-3), "seed"),
 ])
 def test_bad_settings_raise_tofu_error(kwargs, text):
     kwargs = {"batch_size": 2, **kwargs}

@@ -16,6 +16,7 @@ a graph-only graph also holds a NoOp `init` that runs every variable initializer
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Mapping
 
 import numpy as np
@@ -23,7 +24,7 @@ import tensorflow as tf
 
 from tofu_tf.errors import TofuError
 from tofu_tf.models.common import FeedSpec, ModelStep, VariableStore
-from tofu_tf.models.optimizers import make_optimizer, optimizer_config
+from tofu_tf.models.optimizers import OptimizerConfig, make_optimizer, optimizer_config
 
 LossFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
 LOSS_NAME, TRAIN_OP_NAME, INIT_OP_NAME = "loss", "train_op", "init"
@@ -44,18 +45,37 @@ class ModelDef:
         return build_step(self, **kwargs)
 
 
+@dataclass(frozen=True)
+class _Setup:
+    """The checked settings of one build."""
+
+    model: ModelDef
+    sizes: dict
+    batch_size: int
+    optimizer: OptimizerConfig
+    seed: int
+
+    def prepare(self, graph_only: bool):
+        """A fresh store, the model's loss_fn and the optimizer (variables made here)."""
+        store = VariableStore(graph_only=graph_only, seed=self.seed)
+        loss_fn = self.model.define(store, self.sizes, self.batch_size)
+        return store, loss_fn, make_optimizer(self.optimizer, store)
+
+    def input_specs(self):
+        return self.model.inputs(self.sizes, self.batch_size)
+
+
 def build_step(model: ModelDef, *, optimizer: str = "sgd", batch_size: int,
                graph_only: bool = False, seed: int = 0, learning_rate: float | None = None,
                **sizes) -> ModelStep:
-    sizes = model.normalize(_complete_sizes(model, sizes))
-    batch_size = check_positive_int("batch_size", batch_size)
-    opt = optimizer_config(optimizer, learning_rate)
-    config = {**sizes, "batch_size": batch_size, **opt.as_dict(), "seed": seed,
-              "graph_only": graph_only}
-    x_spec, y_spec = model.inputs(sizes, batch_size)
-    sample = lambda rng: model.sample(sizes, batch_size, rng)  # noqa: E731
-    build = _build_graph_only if graph_only else _build_eager
-    return build(model, sizes, batch_size, opt, seed, x_spec, y_spec, config, sample)
+    setup = _Setup(model, model.normalize(_complete_sizes(model, sizes)),
+                   check_positive_int("batch_size", batch_size),
+                   optimizer_config(optimizer, learning_rate), _check_seed(seed))
+    config = {**setup.sizes, "batch_size": setup.batch_size, **setup.optimizer.as_dict(),
+              "seed": seed, "graph_only": graph_only}
+    fields = _build_graph_only(setup) if graph_only else _build_eager(setup)
+    return ModelStep(model.name, config, **fields, _sample=partial(
+        model.sample, setup.sizes, setup.batch_size))
 
 
 def train_step(loss_fn: LossFn, store: VariableStore, optimizer, x, y):
@@ -79,12 +99,10 @@ def train_step(loss_fn: LossFn, store: VariableStore, optimizer, x, y):
     return tf.identity(loss, name=LOSS_NAME), train_op
 
 
-def _build_eager(model, sizes, batch_size, opt, seed, x_spec, y_spec, config, sample):
-    store = VariableStore(graph_only=False, seed=seed)
-    loss_fn = model.define(store, sizes, batch_size)
-    optimizer = make_optimizer(opt, store)
-    signature = [tf.TensorSpec(x_spec[0], x_spec[1], name="x"),
-                 tf.TensorSpec(y_spec[0], y_spec[1], name="y")]
+def _build_eager(setup: _Setup) -> dict:
+    store, loss_fn, optimizer = setup.prepare(graph_only=False)
+    signature = [tf.TensorSpec(shape, dtype, name=name)
+                 for name, (shape, dtype) in zip("xy", setup.input_specs())]
 
     @tf.function(input_signature=signature)
     def step(x, y):
@@ -92,27 +110,27 @@ def _build_eager(model, sizes, batch_size, opt, seed, x_spec, y_spec, config, sa
         return loss
 
     concrete = step.get_concrete_function()
-    graph_def = concrete.graph.as_graph_def(add_shapes=True)
-    feeds = {t.name: (tuple(t.shape.as_list()), t.dtype.name) for t in concrete.inputs[:2]}
-    return ModelStep(model.name, config, graph_def, [f"{LOSS_NAME}:0", TRAIN_OP_NAME], feeds,
-                     step=step, concrete_function=concrete, variables=store.variables,
-                     _sample=sample)
+    return {"graph_def": concrete.graph.as_graph_def(add_shapes=True),
+            "fetches": [f"{LOSS_NAME}:0", TRAIN_OP_NAME],
+            "feeds": _feeds(concrete.inputs[:2]), "step": step,
+            "concrete_function": concrete, "variables": store.variables}
 
 
-def _build_graph_only(model, sizes, batch_size, opt, seed, x_spec, y_spec, config, sample):
+def _build_graph_only(setup: _Setup) -> dict:
     graph = tf.Graph()
     with graph.as_default():
-        x = tf.compat.v1.placeholder(x_spec[1], x_spec[0], name="x")
-        y = tf.compat.v1.placeholder(y_spec[1], y_spec[0], name="y")
-        store = VariableStore(graph_only=True, seed=seed)
-        loss_fn = model.define(store, sizes, batch_size)
-        optimizer = make_optimizer(opt, store)
+        x, y = (tf.compat.v1.placeholder(dtype, shape, name=name)
+                for name, (shape, dtype) in zip("xy", setup.input_specs()))
+        store, loss_fn, optimizer = setup.prepare(graph_only=True)
         loss, train_op = train_step(loss_fn, store, optimizer, x, y)
         init_op = tf.group(*[v.initializer for v in store.variables], name=INIT_OP_NAME)
-    graph_def = graph.as_graph_def(add_shapes=True)
-    feeds = {t.name: (tuple(t.shape.as_list()), t.dtype.name) for t in (x, y)}
-    return ModelStep(model.name, config, graph_def, [loss.name, train_op.name], feeds,
-                     init_op=init_op.name, _sample=sample)
+    return {"graph_def": graph.as_graph_def(add_shapes=True),
+            "fetches": [loss.name, train_op.name], "feeds": _feeds((x, y)),
+            "init_op": init_op.name}
+
+
+def _feeds(placeholders) -> dict:
+    return {t.name: (tuple(t.shape.as_list()), t.dtype.name) for t in placeholders}
 
 
 def _complete_sizes(model: ModelDef, sizes: dict) -> dict:
@@ -121,6 +139,12 @@ def _complete_sizes(model: ModelDef, sizes: dict) -> dict:
         raise TofuError(f"model '{model.name}' has no size setting(s) {unknown}; valid "
                         f"settings: {', '.join(model.defaults)}.")
     return {**model.defaults, **sizes}
+
+
+def _check_seed(seed) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise TofuError(f"seed must be a non-negative integer, got {seed!r}.")
+    return int(seed)
 
 
 def check_positive_int(name: str, value) -> int:

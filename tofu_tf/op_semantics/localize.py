@@ -1,0 +1,138 @@
+"""How one part of a split op runs with the op's own kernel.
+
+`localize(sem, strategy, k, part)` returns a `LocalOp`: which slice of each input the part
+fetches, what padding is added around it (a halo reaching past the tensor's edge reads the
+description's fill value), the attrs and constant inputs of the local op, and the crop
+that turns the local op's outputs into the part's share. The rewriter emits exactly this,
+the validator runs exactly this, and the cost model counts bytes from exactly this.
+
+The default keeps the op type, attrs and constants, and fetches the derived regions. An op
+type whose local kernel needs more (a VALID convolution over an explicitly padded halo, a
+Reshape to the local shape) registers a `localize=` hook next to its description; a hook
+may narrow input slices, never widen them past the derived regions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from tofu_tf.errors import PartitionError
+from tofu_tf.op_semantics.analysis import Strategy
+from tofu_tf.op_semantics.registry import Semantics, lookup
+
+Slices = tuple[tuple[int, int], ...]          # half-open [start, stop) per dim
+
+
+@dataclass(frozen=True)
+class LocalOp:
+    """What part `part` of a k-way split runs."""
+    op_type: str
+    attrs: Mapping[str, Any]
+    input_slices: tuple[Slices | None, ...]     # clamped slice to fetch; None: meta/unused
+    input_pads: tuple[Slices | None, ...]       # (before, after) per dim around the slice
+    input_fills: tuple[float | None, ...]
+    const_inputs: Mapping[int, np.ndarray]      # local value of each meta input
+    output_slices: tuple[Slices, ...]           # the part's share of each output (global)
+    output_crops: tuple[Slices | None, ...]     # crop of the local result to that share
+    output_scales: tuple[float, ...]            # factor before combining a Partial output
+
+    def local_input_shape(self, index: int) -> tuple[int, ...] | None:
+        sl, pad = self.input_slices[index], self.input_pads[index]
+        if sl is None:
+            return None
+        return tuple(b - a + p0 + p1 for (a, b), (p0, p1) in zip(sl, pad))
+
+
+@dataclass(frozen=True)
+class LocalContext:
+    """What a localize hook may read."""
+    sem: Semantics
+    strategy: Strategy | None
+    k: int
+    part: int
+    requested: tuple[Slices | None, ...]        # unclamped regions per input
+
+    @property
+    def part_range(self) -> tuple[int, int]:
+        return self.strategy.part(self.k, self.part)
+
+    def output_shape(self, index: int) -> tuple[int, ...]:
+        """The shape of the part's share of output `index`."""
+        return tuple(b - a for a, b in _output_slices(self.sem, self.strategy, self.k,
+                                                      self.part)[index])
+
+
+def _output_slices(sem: Semantics, strategy: Strategy | None, k: int, part: int
+                   ) -> tuple[Slices, ...]:
+    out = []
+    for i, shape in enumerate(sem.output_shapes):
+        full = [(0, d) for d in shape]
+        if strategy is not None and strategy.outputs[i].kind == "split":
+            lo, hi = strategy.part(k, part)
+            full[strategy.outputs[i].dim] = (lo, hi + 1)
+        out.append(tuple(full))
+    return tuple(out)
+
+
+def _pads(requested: Slices, clamped: Slices) -> Slices:
+    return tuple((ca - ra, rb - cb) for (ra, rb), (ca, cb) in zip(requested, clamped))
+
+
+def default_local_op(sem: Semantics, strategy: Strategy | None, k: int, part: int
+                     ) -> tuple[LocalOp, LocalContext]:
+    """The local op before any hook: same kernel, derived regions."""
+    from tofu_tf.op_semantics.analysis import replicated_regions
+    regions = strategy.inputs if strategy is not None else replicated_regions(sem)
+    lo, hi = strategy.part(k, part) if strategy is not None else (0, 0)
+    requested, slices, pads, fills = [], [], [], []
+    for region, shape in zip(regions, sem.input_shapes):
+        if region.kind != "data":
+            requested.append(None), slices.append(None), pads.append(None), fills.append(None)
+            continue
+        req = region.requested(lo, hi, shape)
+        clamped = region.slices(lo, hi, shape)
+        requested.append(req)
+        slices.append(clamped)
+        fills.append(region.fill)
+        pads.append(_pads(req, clamped) if region.fill is not None
+                    else tuple((0, 0) for _ in shape))
+    scales = []
+    for state in (strategy.outputs if strategy is not None else ()):
+        scales.append((hi - lo + 1) / strategy.extent if state.reducer == "mean" else 1.0)
+    n_out = len(sem.output_shapes)
+    local = LocalOp(sem.op_type, dict(sem.attrs), tuple(slices), tuple(pads), tuple(fills),
+                    {}, _output_slices(sem, strategy, k, part), (None,) * n_out,
+                    tuple(scales) if scales else (1.0,) * n_out)
+    ctx = LocalContext(sem, strategy, k, part, tuple(requested))
+    return local, ctx
+
+
+def localize(sem: Semantics, strategy: Strategy | None, k: int, part: int) -> LocalOp:
+    """The local op of part `part` (strategy None: an unsplit copy of the op)."""
+    local, ctx = default_local_op(sem, strategy, k, part)
+    hook = lookup(sem.op_type).localize
+    if hook is not None:
+        local = hook(ctx, local)
+        _check_narrowed(sem, local, default_local_op(sem, strategy, k, part)[0])
+    return local
+
+
+def _check_narrowed(sem: Semantics, local: LocalOp, default: LocalOp) -> None:
+    for i, (got, allowed) in enumerate(zip(local.input_slices, default.input_slices)):
+        if got is None or allowed is None:
+            continue
+        for (a, b), (lo, hi) in zip(got, allowed):
+            if b > a and (a < lo or b > hi):
+                raise PartitionError(
+                    f"the localize hook widened input {i} to [{a}, {b}) beyond the derived "
+                    f"[{lo}, {hi}).", node=sem.op_name, op_type=sem.op_type,
+                    fix="widen the region in the TDL description instead.")
+
+
+def replace(local: LocalOp, **changes: Any) -> LocalOp:
+    """dataclasses.replace, for hooks."""
+    return dataclasses.replace(local, **changes)

@@ -1,0 +1,316 @@
+"""Strategy validator: run every derived strategy on real shards with the real kernel.
+
+    python -m tofu_tf.op_semantics.validate [--op=Conv2D,MatMul] [--k=2,3,4] [--verbose]
+
+For every sample instance of every registered op (samples/<family>.py), and every strategy
+the analysis derives, for k in {2, 3, 4}: each part's inputs are cut from the real inputs
+by `localize` (slices, halo padding, local attrs and constants), the op's own TensorFlow
+kernel runs on them, and the parts are combined as the strategy says (split outputs are
+compared with their share of the unsplit result, partial outputs are reduced first).
+
+Findings: `wrong` (a part disagrees with the unsplit op), `error` (the local kernel fails),
+`missing` (an output dim of size >= 2 no strategy splits, without a stated reason),
+`unsampled` (a described op with no sample). Exit status is non-zero on any of them.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tofu_tf.errors import TofuError
+
+SOURCE_OPS = frozenset({"Const", "Placeholder", "PlaceholderWithDefault", "VarHandleOp",
+                        "NoOp"})
+FAILING_KINDS = ("wrong", "error", "missing", "unsampled")
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str                   # wrong | error | missing | unsampled
+    op_type: str
+    sample: str
+    strategy: str = ""
+    k: int = 0
+    part: int = -1
+    message: str = ""
+
+    def __str__(self) -> str:
+        where = f" {self.strategy} k={self.k} part={self.part}" if self.strategy else ""
+        return f"{self.kind.upper():9s} {self.sample}{where}: {self.message}"
+
+
+@dataclass
+class Report:
+    samples: int = 0
+    checks: int = 0
+    strategies: int = 0
+    findings: list[Finding] = field(default_factory=list)
+    by_op: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def failures(self) -> list[Finding]:
+        return [f for f in self.findings if f.kind in FAILING_KINDS]
+
+
+class _Instance:
+    """A sample built in a tf.Graph: the target op, its semantics and its real values."""
+
+    def __init__(self, sample, seed: int = 0):
+        import tensorflow as tf
+        from tofu_tf.op_semantics.registry import describe
+        from tofu_tf.rewrite.tf_attrs import python_attrs
+        rng = np.random.default_rng(seed)
+        graph = tf.Graph()
+        feeds, variables, consts = {}, {}, {}
+        with graph.as_default():
+            built = []
+            for a in sample.args:
+                value = a.make(rng)
+                if a.kind == "input":
+                    ph = tf.compat.v1.placeholder(a.dtype, a.shape)
+                    feeds[ph] = value
+                    built.append(ph)
+                elif a.kind == "const":
+                    built.append(tf.constant(value, dtype=a.dtype))
+                else:
+                    v = tf.Variable(value, dtype=a.dtype)
+                    variables[v.handle.op.name] = value
+                    built.append(v)
+            sample.build(*built)
+        targets = [op for op in graph.get_operations() if op.type == sample.op_type]
+        if not targets:
+            raise TofuError(f"sample {sample.id} builds no {sample.op_type} op.")
+        op = targets[-1]
+        self.node_def = op.node_def
+        self.op_type = op.type
+        self.num_outputs = len(op.outputs)
+        self.resource = [t.dtype == tf.resource for t in op.inputs]
+        self.values = self._input_values(op, graph, feeds, variables)
+        for i, t in enumerate(op.inputs):
+            if t.op.type == "Const":
+                consts[i] = self.values[i]
+        shapes = [v.shape for v in self.values]
+        dtypes = [v.dtype.name for v in self.values]
+        self.sem = describe(op.name, op.type, python_attrs(op.node_def), shapes, dtypes,
+                            [tuple(t.shape) for t in op.outputs],
+                            [t.dtype.name for t in op.outputs], consts)
+        self.input_dtypes = [t.dtype.base_dtype if not r else None
+                             for t, r in zip(op.inputs, self.resource)]
+
+    @staticmethod
+    def _input_values(op, graph, feeds, variables) -> list[np.ndarray]:
+        import tensorflow as tf
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(tf.compat.v1.initializers.variables(
+                graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)))
+            plain = [t for t in op.inputs if t.dtype != tf.resource]
+            fetched = iter(sess.run(plain, feeds))
+        return [np.asarray(variables[t.op.name]) if t.dtype == tf.resource else next(fetched)
+                for t in op.inputs]
+
+    def run(self, values, attr_changes=None) -> list[np.ndarray]:
+        """Run the op's kernel eagerly; outputs, then the new values of updated inputs."""
+        import tensorflow as tf
+        from tensorflow.python.eager import context, execute
+        from tofu_tf.rewrite.tf_attrs import execute_attrs
+        inputs, holders = [], {}
+        for i, value in enumerate(values):
+            if self.resource[i]:
+                holders[i] = tf.Variable(value)
+                inputs.append(holders[i].handle)
+            else:
+                inputs.append(tf.constant(value, dtype=self.input_dtypes[i]))
+        outs = execute.execute(self.op_type.encode(), self.num_outputs, inputs,
+                               execute_attrs(self.node_def.attr, attr_changes),
+                               context.context())
+        results = [o.numpy() for o in (outs or [])]
+        for update in self.sem.updates:
+            results.append(holders[update.alias].numpy())
+        return results
+
+
+def _cut(value: np.ndarray, slices, pads, fill) -> np.ndarray:
+    part = value[tuple(slice(a, b) for a, b in slices)]
+    if pads is not None and any(p0 or p1 for p0, p1 in pads):
+        part = np.pad(part, pads, constant_values=fill if fill is not None else 0)
+    return part
+
+
+def _close(got: np.ndarray, want: np.ndarray) -> str | None:
+    if got.shape != want.shape:
+        return f"shape {list(got.shape)} != expected {list(want.shape)}"
+    if want.dtype.kind in "fc":
+        scale = max(1.0, float(np.max(np.abs(want))) if want.size else 1.0)
+        if not np.allclose(got, want, rtol=1e-4, atol=1e-5 * scale, equal_nan=True):
+            return f"max abs error {float(np.max(np.abs(got - want))):.3g}"
+        return None
+    if not np.array_equal(got, want):
+        return f"{int(np.sum(got != want))} of {want.size} elements differ"
+    return None
+
+
+def _combine(reducer: str, acc, value):
+    if acc is None:
+        return value
+    if reducer in ("sum", "mean"):
+        return acc + value
+    if reducer == "max":
+        return np.maximum(acc, value)
+    if reducer == "min":
+        return np.minimum(acc, value)
+    return acc * value
+
+
+def _attr_changes(sem, local) -> dict:
+    changes = {}
+    for key, value in local.attrs.items():
+        old = sem.attrs.get(key)
+        if key not in sem.attrs or not np.array_equal(np.asarray(old, dtype=object),
+                                                      np.asarray(value, dtype=object)):
+            changes[key] = value
+    return changes
+
+
+def check_strategy(inst: _Instance, strategy, k: int, expected, sample_id: str
+                   ) -> list[Finding]:
+    from tofu_tf.op_semantics.localize import localize
+    sem = inst.sem
+    partial: dict[int, np.ndarray] = {}
+    findings = []
+    for part in range(k):
+        where = dict(op_type=sem.op_type, sample=sample_id, strategy=str(strategy), k=k,
+                     part=part)
+        try:
+            local = localize(sem, strategy, k, part)
+            values = [inst.values[i] if local.input_slices[i] is None
+                      else _cut(inst.values[i], local.input_slices[i], local.input_pads[i],
+                                local.input_fills[i]) for i in range(len(inst.values))]
+            for i, value in local.const_inputs.items():
+                values[i] = np.asarray(value, dtype=inst.values[i].dtype)
+            results = inst.run(values, _attr_changes(sem, local))
+        except Exception as err:  # a failing kernel is a finding, not a crash
+            findings.append(Finding("error", message=f"{type(err).__name__}: "
+                                    f"{str(err).splitlines()[0][:300]}", **where))
+            return findings
+        for o, (state, result) in enumerate(zip(strategy.outputs, results)):
+            crop = local.output_crops[o]
+            if crop is not None:
+                result = result[tuple(slice(a, b) for a, b in crop)]
+            if state.kind == "partial":
+                partial[o] = _combine(state.reducer, partial.get(o),
+                                      result * local.output_scales[o]
+                                      if state.reducer == "mean" else result)
+                continue
+            want = expected[o][tuple(slice(a, b) for a, b in local.output_slices[o])]
+            problem = _close(np.asarray(result), want)
+            if problem:
+                findings.append(Finding("wrong", message=f"output {o} ({state}): {problem}",
+                                        **where))
+    for o, combined in partial.items():
+        problem = _close(np.asarray(combined, dtype=expected[o].dtype), expected[o])
+        if problem:
+            findings.append(Finding("wrong", op_type=sem.op_type, sample=sample_id,
+                                    strategy=str(strategy), k=k,
+                                    message=f"output {o} combined ({strategy.outputs[o]}): "
+                                            f"{problem}"))
+    return findings
+
+
+def missing_dims(sem, strategies, sample_id: str) -> list[Finding]:
+    """Output dims of size >= 2 that no strategy splits and no stated reason covers."""
+    findings = []
+    for o, compute in enumerate(sem.computes):
+        if compute is None:
+            continue
+        for d, var in enumerate(compute.vars):
+            if var.extent < 2 or var.name in sem.unsplittable:
+                continue
+            if not any(s.outputs[o].kind == "split" and s.outputs[o].dim == d
+                       for s in strategies):
+                findings.append(Finding("missing", sem.op_type, sample_id,
+                                        message=f"output {o} dim {d} ('{var.name}', size "
+                                                f"{var.extent}) has no strategy"))
+    return findings
+
+
+def validate_sample(sample, ks=(2, 3, 4), report: Report | None = None) -> Report:
+    from tofu_tf.op_semantics.analysis import analyze
+    report = report or Report()
+    report.samples += 1
+    try:
+        inst = _Instance(sample)
+        expected = inst.run(inst.values)
+    except Exception as err:
+        report.findings.append(Finding("error", sample.op_type, sample.id,
+                                       message=f"sample does not build or run: "
+                                               f"{type(err).__name__}: {err}"[:400]))
+        return report
+    if inst.sem.is_opaque:
+        report.by_op.setdefault(sample.op_type, []).append(f"opaque: {inst.sem.opaque_reason}")
+        return report
+    strategies = analyze(inst.sem)
+    report.findings.extend(missing_dims(inst.sem, strategies, sample.id))
+    for strategy in strategies:
+        report.strategies += 1
+        report.by_op.setdefault(sample.op_type, []).append(str(strategy))
+        for k in ks:
+            if strategy.valid_for(k):
+                report.checks += 1
+                report.findings.extend(check_strategy(inst, strategy, k, expected, sample.id))
+    return report
+
+
+def validate(op_types=None, ks=(2, 3, 4)) -> Report:
+    """Validate every sample (of `op_types`, if given) and report unsampled ops."""
+    from tofu_tf.op_semantics.registry import registered
+    from tofu_tf.op_semantics.samples import all_samples
+    report = Report()
+    wanted = set(op_types) if op_types else None
+    samples = [s for s in all_samples() if wanted is None or s.op_type in wanted]
+    for s in samples:
+        validate_sample(s, ks, report)
+    sampled = {s.op_type for s in all_samples()}
+    for op_type, desc in sorted(registered().items()):
+        if wanted is not None and op_type not in wanted:
+            continue
+        if desc.build is not None and op_type not in sampled and op_type not in SOURCE_OPS:
+            report.findings.append(Finding("unsampled", op_type, op_type,
+                                           message="described but has no validator sample"))
+    return report
+
+
+def main(argv) -> int:
+    from absl import flags
+    FLAGS = flags.FLAGS
+    ops = [o for o in FLAGS.op.split(",") if o] if FLAGS.op else None
+    ks = tuple(int(k) for k in FLAGS.k.split(","))
+    report = validate(ops, ks)
+    if FLAGS.verbose:
+        for op_type, lines in sorted(report.by_op.items()):
+            print(op_type)
+            for line in lines:
+                print("   ", line)
+    for finding in report.findings:
+        print(finding)
+    kinds = {k: sum(f.kind == k for f in report.findings) for k in FAILING_KINDS}
+    print(f"validated {report.samples} samples, {report.strategies} strategies, "
+          f"{report.checks} checks: " + ", ".join(f"{v} {k}" for k, v in kinds.items()))
+    return 1 if report.failures else 0
+
+
+def _define_flags() -> None:
+    from absl import flags
+    flags.DEFINE_string("op", "", "comma-separated op types to validate (default: all)")
+    flags.DEFINE_string("k", "2,3,4", "comma-separated split counts")
+    flags.DEFINE_bool("verbose", False, "print every strategy")
+
+
+if __name__ == "__main__":
+    import os
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from absl import app
+    _define_flags()
+    app.run(lambda argv: sys.exit(main(argv)))

@@ -1,0 +1,175 @@
+"""GraphDef-level normalisation before a training step becomes a planner Graph.
+
+    captured resources -> VarHandleOp     (C++ shape inference sees variable shapes)
+    Grappler: function, constfold, shape, constfold, dependency
+                                          (inline calls, fold shape arithmetic to Const)
+    strip control inputs of Const nodes   (the `^ShapeN` edges constfold leaves behind)
+    prune to the fetches' fan-in          (data and control inputs)
+    reject control flow and TensorLists   (While/If/Case cannot be partitioned op by op)
+
+Every function takes a GraphDef and returns a new one; the input is never mutated.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping, Sequence
+
+from tensorflow.core.framework import graph_pb2, node_def_pb2
+from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
+from tensorflow.python.framework import errors as tf_errors
+from tensorflow.python.grappler import tf_optimizer
+
+from tofu_tf.errors import GraphImportError
+
+# Grappler passes, in order. An explicit list runs only these: layout and remapper stay
+# off so the op types the planner sees are the ones the user wrote.
+GRAPPLER_PASSES = ("function", "constfold", "shape", "constfold", "dependency")
+
+CONTROL_FLOW_OPS = frozenset({
+    "While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase",
+    "Enter", "Exit", "Switch", "Merge", "NextIteration", "LoopCond", "RefEnter", "RefSwitch",
+})
+CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
+
+_UNROLL_FIX = ("unroll the loop in Python (for i in range(n)) with a fixed n, or "
+               "use an unrolled layer (e.g. keras.layers.LSTM(..., unroll=True)); "
+               "replace tf.cond with Python if on static values.")
+
+
+def node_of(input_name: str) -> str:
+    """The node an input string refers to: 'x:1' -> 'x', '^x' -> 'x'."""
+    name = input_name[1:] if input_name.startswith("^") else input_name
+    head, sep, tail = name.rpartition(":")
+    return head if sep and tail.isdigit() else name
+
+
+def fetch_node_names(fetches: Iterable[str]) -> list[str]:
+    return [node_of(f) for f in fetches]
+
+
+def check_fetches(graph_def: graph_pb2.GraphDef, fetches: Sequence[str], what: str) -> None:
+    """Every fetch (or feed) must name a node of `graph_def`."""
+    names = {node.name for node in graph_def.node}
+    for fetch in fetches:
+        if node_of(fetch) not in names:
+            raise GraphImportError(
+                f"{what} '{fetch}' names no node of the graph.", node=fetch,
+                fix=f"pass an existing tensor ('name:0') or op name as the {what}.")
+
+
+def replace_nodes(graph_def: graph_pb2.GraphDef,
+                  replacements: Mapping[str, node_def_pb2.NodeDef]) -> graph_pb2.GraphDef:
+    """A copy of `graph_def` with the named nodes swapped for new NodeDefs."""
+    out = graph_pb2.GraphDef()
+    out.versions.CopyFrom(graph_def.versions)
+    out.library.CopyFrom(graph_def.library)
+    for node in graph_def.node:
+        out.node.append(replacements.get(node.name, node))
+    return out
+
+
+def run_grappler(graph_def: graph_pb2.GraphDef, keep: Sequence[str]) -> graph_pb2.GraphDef:
+    """Inline function calls and fold shape arithmetic; the `keep` nodes survive."""
+    meta_graph = meta_graph_pb2.MetaGraphDef()
+    meta_graph.graph_def.CopyFrom(graph_def)
+    meta_graph.collection_def["train_op"].node_list.value.extend(keep)
+    config = config_pb2.ConfigProto()
+    rewrite = config.graph_options.rewrite_options
+    rewrite.min_graph_nodes = -1
+    rewrite.optimizers.extend(GRAPPLER_PASSES)
+    try:
+        return tf_optimizer.OptimizeGraph(config, meta_graph, verbose=False)
+    except (tf_errors.OpError, ValueError, RuntimeError) as error:
+        raise GraphImportError(
+            f"Grappler could not normalise the graph: {_first_line(error)}",
+            fix="check that the GraphDef imports with tf.graph_util.import_graph_def; "
+                "ops from custom libraries must be loaded (tf.load_op_library) first.") from error
+
+
+def strip_const_control_inputs(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
+    """Drop control inputs of Const nodes: a Const needs no ordering in a flat graph."""
+    replacements = {}
+    for node in graph_def.node:
+        if node.op == "Const" and any(i.startswith("^") for i in node.input):
+            stripped = node_def_pb2.NodeDef()
+            stripped.CopyFrom(node)
+            del stripped.input[:]
+            replacements[node.name] = stripped
+    return replace_nodes(graph_def, replacements) if replacements else graph_def
+
+
+def fan_in(graph_def: graph_pb2.GraphDef, roots: Iterable[str]) -> set[str]:
+    """Names of the nodes reachable backwards (data and control inputs) from `roots`."""
+    by_name = {node.name: node for node in graph_def.node}
+    keep: set[str] = set()
+    stack = [node_of(r) for r in roots]
+    while stack:
+        name = stack.pop()
+        if name in keep or name not in by_name:
+            continue  # a dangling input is reported when the graph is imported
+        keep.add(name)
+        stack.extend(node_of(i) for i in by_name[name].input if node_of(i) not in keep)
+    return keep
+
+
+def unreached(graph_def: graph_pb2.GraphDef, fetches: Iterable[str],
+              extra: Iterable[str]) -> list[str]:
+    """The `extra` nodes that the fetches do not depend on."""
+    reached = fan_in(graph_def, fetches)
+    return [name for name in extra if name not in reached]
+
+
+def prune(graph_def: graph_pb2.GraphDef, roots: Iterable[str]) -> graph_pb2.GraphDef:
+    """Keep the nodes reachable backwards (data and control inputs) from `roots`."""
+    keep = fan_in(graph_def, roots)
+    out = graph_pb2.GraphDef()
+    out.versions.CopyFrom(graph_def.versions)
+    out.library.CopyFrom(graph_def.library)
+    out.node.extend(node for node in graph_def.node if node.name in keep)
+    return out
+
+
+def reject_unsupported(graph_def: graph_pb2.GraphDef) -> None:
+    """Raise on control flow, TensorList ops and calls Grappler could not inline."""
+    for node in graph_def.node:
+        if node.op in CONTROL_FLOW_OPS:
+            raise GraphImportError(
+                "control flow cannot be partitioned op by op (loops and conditionals "
+                "must be unrolled before import).", node=node.name, op_type=node.op,
+                fix=_UNROLL_FIX)
+        if node.op.startswith("TensorList"):
+            raise GraphImportError(
+                "TensorList ops (from loops over tensors) have no static element shapes.",
+                node=node.name, op_type=node.op, fix=_UNROLL_FIX)
+        if node.op in CALL_OPS:
+            raise GraphImportError(
+                "this function call could not be inlined.", node=node.name, op_type=node.op,
+                fix="remove the @tf.function(experimental_attributes={'_noinline': True}) "
+                    "marker, or call the inner function's Python body directly.")
+
+
+def _first_line(error: BaseException) -> str:
+    text = getattr(error, "message", None) or str(error)
+    return text.strip().splitlines()[0] if text.strip() else type(error).__name__
+
+
+def var_handle_node(name: str, dtype_enum: int, shape: Sequence[int],
+                    shared_name: str) -> node_def_pb2.NodeDef:
+    """A VarHandleOp standing in for a captured resource placeholder."""
+    node = node_def_pb2.NodeDef(name=name, op="VarHandleOp")
+    node.attr["dtype"].type = dtype_enum
+    for size in shape:
+        node.attr["shape"].shape.dim.add(size=size)
+    node.attr["shape"].shape.SetInParent()
+    node.attr["shared_name"].s = shared_name.encode()
+    node.attr["container"].s = b""
+    node.attr["allowed_devices"].list.SetInParent()
+    return node
+
+
+def const_node(name: str, tensor_proto) -> node_def_pb2.NodeDef:
+    """A Const holding a captured eager tensor's value."""
+    node = node_def_pb2.NodeDef(name=name, op="Const")
+    node.attr["dtype"].type = tensor_proto.dtype
+    node.attr["value"].tensor.CopyFrom(tensor_proto)
+    return node
