@@ -22,7 +22,7 @@ import numpy as np
 
 from tofu_tf.errors import PartitionError
 from tofu_tf.op_semantics.analysis import Strategy
-from tofu_tf.op_semantics.registry import Semantics, lookup
+from tofu_tf.op_semantics.registry import Semantics, registered
 
 Slices = tuple[tuple[int, int], ...]          # half-open [start, stop) per dim
 
@@ -114,7 +114,8 @@ def default_local_op(sem: Semantics, strategy: Strategy | None, k: int, part: in
 def localize(sem: Semantics, strategy: Strategy | None, k: int, part: int) -> LocalOp:
     """The local op of part `part` (strategy None: an unsplit copy of the op)."""
     local, ctx = default_local_op(sem, strategy, k, part)
-    hook = lookup(sem.op_type).localize
+    desc = registered().get(sem.op_type)
+    hook = desc.localize if desc is not None else None
     if hook is not None:
         local = hook(ctx, local)
         _check_narrowed(sem, local, default_local_op(sem, strategy, k, part)[0])

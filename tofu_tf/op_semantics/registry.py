@@ -114,7 +114,7 @@ class OpContext:
             self.fail(f"output {output} has rank {len(shape)} (shape {list(shape)}) but "
                       f"the lambda takes {len(names)} indices ({', '.join(names)}).")
         vars = tuple(Var(n, d, "output") for n, d in zip(names, shape))
-        return self._finish(output, vars, fn(*vars), alias)
+        return self._finish(output, vars, lambda: fn(*vars), alias)
 
     def update(self, index: int, fn: Callable) -> Compute:
         """Describe an in-place write of input `index` (a variable): its new value.
@@ -124,7 +124,7 @@ class OpContext:
         output = len(self.output_shapes) + len(self._updates)
         self._updates.append(index)
         vars = tuple(Var(f"d{i}", d, "output") for i, d in enumerate(self.input_shapes[index]))
-        return self._finish(output, vars, fn(vars), index)
+        return self._finish(output, vars, lambda: fn(vars), index)
 
     def unsplittable(self, var: str, reason: str) -> None:
         """Withhold a candidate variable from splitting, saying why the kernel needs it whole."""
@@ -135,7 +135,7 @@ class OpContext:
         """Like compute, for rank-generic bodies: fn receives the tuple of index vars."""
         shape = self._output_shape(output)
         vars = tuple(Var(f"{prefix}{i}", d, "output") for i, d in enumerate(shape))
-        return self._finish(output, vars, fn(vars), alias)
+        return self._finish(output, vars, lambda: fn(vars), alias)
 
     def _all_output_shapes(self) -> tuple[tuple[int, ...], ...]:
         return self.output_shapes + tuple(self.input_shapes[i] for i in self._updates)
@@ -148,9 +148,11 @@ class OpContext:
             self.fail(f"output {output} is described twice.")
         return self.output_shapes[output]
 
-    def _finish(self, output: int, vars: tuple[Var, ...], body: Any, alias) -> Compute:
+    def _finish(self, output: int, vars: tuple[Var, ...], make_body: Callable[[], Any],
+                alias: int | None) -> Compute:
+        """Build the body, check it, record it; errors name this op."""
         try:
-            compute = Compute(output, vars, wrap(body), alias)
+            compute = Compute(output, vars, wrap(make_body()), alias)
             check_compute(compute, self._all_output_shapes()[output], self.name)
         except DescriptionError as err:
             if err.node is not None:
