@@ -6,15 +6,14 @@ Works on plain node records in topological order (no TensorFlow). On the pruned 
   value edges data edges, plus a control edge from a writer to an op that touches the
               variable it wrote (a read after a write sees the written value).
   gradient B  ops under a gradient name scope (`gradient_tape/`, `gradients/`, `x/gradients_1/`),
-              confirmed structurally: the scope names an existing forward op, or the op
-              consumes another gradient op (or only constants).
+              confirmed structurally (see _gradients).
   D           everything reachable from B along value edges.
   FORWARD     data-ancestors of B and of the fetches that are outside D and not writers.
   BACKWARD    B, plus the ops of D that feed B (un-scoped ops between gradient ops).
   UPDATE      the rest: writers, optimizer arithmetic, slot reads, joins.
-  forward_op  the op a gradient scope names, `gradient_tape/<op>/...` or
-              `gradients/<op>_grad/...`: the longest such prefix naming a FORWARD op
-              (inlined function bodies are matched by a unique name suffix).
+  forward_op  the FORWARD op a BACKWARD op differentiates: from its gradient name scope,
+              confirmed by shared tensors, or by gradient flow for un-scoped ops (the
+              tape's AddN); None when unknown (see _gradients).
   trainable   read by a FORWARD op and written by an op of D (its update uses a gradient).
   slot_of     for a variable not read by FORWARD ops and written by an op of D: the one
               trainable variable whose writer its value reaches (if it reaches several,
@@ -23,12 +22,12 @@ Works on plain node records in topological order (no TensorFlow). On the pruned 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
-from tofu_tf.errors import GraphImportError
 from tofu_tf.graph import Role, Variable, split_tensor_name
+from tofu_tf.rewrite._gradients import ForwardResolver, gradient_ops
+from tofu_tf.rewrite._nodes import NodeRecord
 
 WRITE_OPS = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
                        "ResourceStridedSliceAssign"})
@@ -38,17 +37,7 @@ TYPE_ROLES: Mapping[str, Role] = {
     "VarHandleOp": Role.VARIABLE, "Placeholder": Role.INPUT,
     "PlaceholderWithDefault": Role.INPUT, "Const": Role.CONSTANT,
 }
-_GRADIENT_SCOPE = re.compile(r"^(gradient_tape|gradients)(_\d+)?$")
 _MAX_LABELS = 16  # slot labels carried per op; more means "reached by many", no slot info
-
-
-@dataclass(frozen=True)
-class NodeRecord:
-    """One node: data inputs as tensor names ('op:i'), control inputs as op names."""
-    name: str
-    type: str
-    inputs: tuple[str, ...]
-    control_inputs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -63,34 +52,6 @@ def is_writer(op_type: str) -> bool:
     return op_type in WRITE_OPS or op_type.startswith(WRITE_PREFIXES)
 
 
-def topological_order(nodes: Sequence[NodeRecord]) -> list[NodeRecord]:
-    """Kahn's algorithm over data and control edges, stable in the given order."""
-    by_name = {n.name: n for n in nodes}
-    pending = {n.name: len(_preds(n)) for n in nodes}
-    users: dict[str, list[str]] = {n.name: [] for n in nodes}
-    for node in nodes:
-        for pred in _preds(node):
-            users[pred].append(node.name)
-    ready = [n.name for n in nodes if pending[n.name] == 0]
-    order: list[NodeRecord] = []
-    while ready:
-        name = ready.pop()
-        order.append(by_name[name])
-        for user in reversed(users[name]):
-            pending[user] -= 1
-            if pending[user] == 0:
-                ready.append(user)
-    if len(order) != len(nodes):
-        stuck = next(n for n in nodes if pending[n.name] > 0)
-        raise GraphImportError("the graph has a cycle through this node.", node=stuck.name,
-                               op_type=stuck.type, fix="unroll loops before import.")
-    return order
-
-
-def _preds(node: NodeRecord) -> set[str]:
-    return {split_tensor_name(t)[0] for t in node.inputs} | set(node.control_inputs)
-
-
 def analyse(order: Sequence[NodeRecord], fetch_ops: Iterable[str],
             variable_specs: Mapping[str, tuple[tuple[int, ...], str]]) -> Structure:
     """Roles, forward links and variables of a graph given in topological order.
@@ -98,9 +59,15 @@ def analyse(order: Sequence[NodeRecord], fetch_ops: Iterable[str],
     `variable_specs` maps each variable handle op to its (shape, dtype name).
     """
     flow = _ValueFlow(order, variable_specs)
-    gradients, forward_map = _gradient_ops(order)
+    resolver = ForwardResolver(order)
+    gradients, forward_map = gradient_ops(order, resolver)
     in_d = flow.reachable_from(gradients)
     roles = _roles(order, set(fetch_ops), gradients, in_d, flow)
+    for node in order:  # backward ops outside gradient scopes (the tape's AddN)
+        if roles[node.name] is Role.BACKWARD and node.name not in forward_map:
+            found = resolver.by_flow(node, forward_map, None)
+            if found:
+                forward_map[node.name] = found
     links = {op: fwd for op, fwd in forward_map.items()
              if roles[op] is Role.BACKWARD and roles.get(fwd) is Role.FORWARD}
     variables = _variables(order, flow, roles, in_d, variable_specs)
@@ -149,106 +116,6 @@ class _ValueFlow:
             if node.name not in reached and any(p in reached for p in self.value_preds[node.name]):
                 reached.add(node.name)
         return reached
-
-
-def _gradient_ops(order: Sequence[NodeRecord]) -> tuple[set[str], dict[str, str]]:
-    """Gradient-scoped ops confirmed structurally, and the forward ops they differentiate."""
-    types = {n.name: n.type for n in order}
-    resolver = _ForwardResolver(order)
-    gradients: set[str] = set()
-    forward_map: dict[str, str] = {}
-    for node in order:
-        if node.type in TYPE_ROLES or _gradient_scope(node.name) is None:
-            continue
-        producers = [split_tensor_name(t)[0] for t in node.inputs]
-        forward = resolver.resolve(node) or _inherited(node, producers, forward_map)
-        if forward or any(p in gradients for p in producers) or \
-                all(types[p] == "Const" for p in producers):
-            gradients.add(node.name)
-            if forward:
-                forward_map[node.name] = forward
-    return gradients, forward_map
-
-
-def _gradient_scope(name: str) -> int | None:
-    """Index of the first gradient-scope component of an op name, or None."""
-    for index, part in enumerate(name.split("/")[:-1]):
-        if _GRADIENT_SCOPE.match(part):
-            return index
-    return None
-
-
-def _parent(name: str) -> str:
-    return name.rpartition("/")[0]
-
-
-def _inherited(node: NodeRecord, producers: list[str], forward_map: Mapping[str, str]
-               ) -> str | None:
-    """A gradient op with no link of its own differentiates what its same-scope inputs do."""
-    found = {forward_map[p] for p in producers
-             if p in forward_map and _parent(p) == _parent(node.name)}
-    return found.pop() if len(found) == 1 else None
-
-
-class _ForwardResolver:
-    """Finds the forward op a gradient op differentiates.
-
-    The gradient op lives in `<outer>/gradient_tape/<S>/...` (tape: S is the name scope
-    the forward op was created in, often its own name) or `<outer>/gradients/<S>_grad/...`.
-    Candidates are the forward op named S and the forward ops directly inside scope S;
-    a candidate is confirmed when the gradient op consumes one of its inputs or outputs.
-    """
-
-    def __init__(self, order: Sequence[NodeRecord]):
-        self._records = {n.name: n for n in order if _gradient_scope(n.name) is None}
-        self._children: dict[str, list[str]] = {}
-        for name in self._records:
-            self._children.setdefault(_parent(name), []).append(name)
-        self._suffixes: dict[str, str | None] | None = None
-
-    def resolve(self, node: NodeRecord) -> str | None:
-        parts = node.name.split("/")
-        k = _gradient_scope(node.name)
-        outer, scope = "/".join(parts[:k]), "/".join(parts[k + 1:-1])
-        if scope.endswith("_grad"):
-            scope = scope[:-5]
-        if not scope:
-            return None
-        for full in self._scopes(outer, scope):
-            found = self._confirm(node, full)
-            if found:
-                return found
-        return None
-
-    def _scopes(self, outer: str, scope: str) -> list[str]:
-        scopes = [f"{outer}/{scope}", scope] if outer else [scope]
-        if outer and self._by_suffix(scope):
-            scopes.append(self._by_suffix(scope))
-        return [s for s in scopes if s in self._records or s in self._children]
-
-    def _confirm(self, node: NodeRecord, scope: str) -> str | None:
-        used = set(node.inputs)
-        outputs, inputs = [], []
-        for name in ([scope] if scope in self._records else []) + self._children.get(scope, []):
-            record = self._records[name]
-            if any(split_tensor_name(t)[0] == name for t in used):
-                outputs.append(name)
-            elif used & set(record.inputs):
-                inputs.append(name)
-        for matches in (outputs, inputs):
-            if matches:
-                return scope if scope in matches else (matches[0] if len(matches) == 1 else None)
-        return scope if scope in self._records else None
-
-    def _by_suffix(self, suffix: str) -> str | None:
-        if self._suffixes is None:
-            self._suffixes = {}
-            for name in self._records:
-                parts = name.split("/")
-                for m in range(1, len(parts)):
-                    key = "/".join(parts[m:])
-                    self._suffixes[key] = None if key in self._suffixes else name
-        return self._suffixes.get(suffix)
 
 
 def _roles(order: Sequence[NodeRecord], fetch_ops: set[str], gradients: set[str],

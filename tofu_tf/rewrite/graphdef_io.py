@@ -28,7 +28,8 @@ from tensorflow.core.framework import graph_pb2
 from tofu_tf.errors import DynamicShapeError, GraphImportError
 from tofu_tf.graph import Graph, Op, Tensor, tensor_name
 from tofu_tf.rewrite import _normalise
-from tofu_tf.rewrite._structure import NodeRecord, Structure, analyse, topological_order
+from tofu_tf.rewrite._nodes import NodeRecord, topological_order
+from tofu_tf.rewrite._structure import Structure, analyse
 
 MAX_CONSTANT_ELEMENTS = 4096  # Const values up to this size are kept in Graph.constants
 
