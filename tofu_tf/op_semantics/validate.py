@@ -9,7 +9,9 @@ kernel runs on them, and the parts are combined as the strategy says (split outp
 compared with their share of the unsplit result, partial outputs are reduced first).
 
 Findings: `wrong` (a part disagrees with the unsplit op), `error` (the local kernel fails),
-`missing` (an output dim of size >= 2 no strategy splits, without a stated reason),
+`missing` (an output dim of size >= 2 no strategy splits, without a stated reason; or an
+input dim taken whole although cutting it like the output gives the right answer — a
+split the description hides),
 `unsampled` (a described op with no sample). Exit status is non-zero on any of them.
 """
 
@@ -174,6 +176,18 @@ def _attr_changes(sem, local) -> dict:
     return changes
 
 
+def _run_local(inst: _Instance, local) -> list[np.ndarray]:
+    """Cut the real inputs as `local` says, run the kernel, crop each output."""
+    values = [inst.values[i] if local.input_slices[i] is None
+              else _cut(inst.values[i], local.input_slices[i], local.input_pads[i],
+                        local.input_fills[i]) for i in range(len(inst.values))]
+    for i, value in local.const_inputs.items():
+        values[i] = np.asarray(value, dtype=inst.values[i].dtype)
+    results = inst.run(values, _attr_changes(inst.sem, local))
+    return [np.asarray(r if crop is None else r[tuple(slice(a, b) for a, b in crop)])
+            for r, crop in zip(results, local.output_crops)]
+
+
 def check_strategy(inst: _Instance, strategy, k: int, expected, sample_id: str
                    ) -> list[Finding]:
     from tofu_tf.op_semantics.localize import localize
@@ -185,27 +199,19 @@ def check_strategy(inst: _Instance, strategy, k: int, expected, sample_id: str
                      part=part)
         try:
             local = localize(sem, strategy, k, part)
-            values = [inst.values[i] if local.input_slices[i] is None
-                      else _cut(inst.values[i], local.input_slices[i], local.input_pads[i],
-                                local.input_fills[i]) for i in range(len(inst.values))]
-            for i, value in local.const_inputs.items():
-                values[i] = np.asarray(value, dtype=inst.values[i].dtype)
-            results = inst.run(values, _attr_changes(sem, local))
+            results = _run_local(inst, local)
         except Exception as err:  # a failing kernel is a finding, not a crash
             findings.append(Finding("error", message=f"{type(err).__name__}: "
                                     f"{str(err).splitlines()[0][:300]}", **where))
             return findings
         for o, (state, result) in enumerate(zip(strategy.outputs, results)):
-            crop = local.output_crops[o]
-            if crop is not None:
-                result = result[tuple(slice(a, b) for a, b in crop)]
             if state.kind == "partial":
                 partial[o] = _combine(state.reducer, partial.get(o),
                                       result * local.output_scales[o]
                                       if state.reducer == "mean" else result)
                 continue
             want = expected[o][tuple(slice(a, b) for a, b in local.output_slices[o])]
-            problem = _close(np.asarray(result), want)
+            problem = _close(result, want)
             if problem:
                 findings.append(Finding("wrong", message=f"output {o} ({state}): {problem}",
                                         **where))
@@ -216,6 +222,51 @@ def check_strategy(inst: _Instance, strategy, k: int, expected, sample_id: str
                                     strategy=str(strategy), k=k,
                                     message=f"output {o} combined ({strategy.outputs[o]}): "
                                             f"{problem}"))
+    return findings
+
+
+def _run_parts(inst: _Instance, strategy, k: int, expected, locals_) -> bool:
+    """True when every part of `locals_` reproduces its share (no partial outputs)."""
+    for local in locals_:
+        try:
+            results = _run_local(inst, local)
+        except Exception:  # the narrowed cut does not even run: not a hidden split
+            return False
+        for o, result in enumerate(results):
+            want = expected[o][tuple(slice(a, b) for a, b in local.output_slices[o])]
+            if _close(result, want) is not None:
+                return False
+    return True
+
+
+def loose_regions(inst: _Instance, strategy, expected, sample_id: str) -> list[Finding]:
+    """Oracle for missed splits: an input dim the analysis takes whole, although cutting
+    it like the output (same extent, aligned parts) still gives the right answer."""
+    from tofu_tf.op_semantics.localize import localize, replace
+    if strategy.kind != "output" or any(o.kind == "partial" for o in strategy.outputs):
+        return []
+    k = 2
+    base = [localize(inst.sem, strategy, k, p) for p in range(k)]
+    findings = []
+    for i, region in enumerate(strategy.inputs):
+        shape = inst.sem.input_shapes[i]
+        for dim, size in enumerate(shape):
+            if region.kind != "data" or size != strategy.extent or \
+                    region.dim_label(dim, size) != "*":
+                continue
+            narrowed = []
+            for p, local in enumerate(base):
+                lo, hi = strategy.part(k, p)
+                slices = list(local.input_slices[i])
+                slices[dim] = (lo, hi + 1)
+                all_slices = list(local.input_slices)
+                all_slices[i] = tuple(slices)
+                narrowed.append(replace(local, input_slices=tuple(all_slices)))
+            if _run_parts(inst, strategy, k, expected, narrowed):
+                findings.append(Finding(
+                    "missing", inst.sem.op_type, sample_id, str(strategy), k,
+                    message=f"input {i} dim {dim} is taken whole, but its aligned slice "
+                            "suffices: the description hides a split"))
     return findings
 
 
@@ -260,6 +311,8 @@ def validate_sample(sample, ks=(2, 3, 4), report: Report | None = None) -> Repor
             if strategy.valid_for(k):
                 report.checks += 1
                 report.findings.extend(check_strategy(inst, strategy, k, expected, sample.id))
+        if ks:
+            report.findings.extend(loose_regions(inst, strategy, expected, sample.id))
     return report
 
 
