@@ -14,6 +14,7 @@ Pass pipeline (each pass returns a new GraphDef; the caller's is never mutated):
 
 from __future__ import annotations
 
+import gc
 import re
 import time
 from contextlib import contextmanager
@@ -30,6 +31,7 @@ from tofu_tf.graph import Graph, Op, Tensor, tensor_name
 from tofu_tf.rewrite import _normalise
 from tofu_tf.rewrite._nodes import NodeRecord, topological_order
 from tofu_tf.rewrite._structure import Structure, analyse
+from tofu_tf.rewrite.tf_attrs import python_value
 
 MAX_CONSTANT_ELEMENTS = 4096  # Const values up to this size are kept in Graph.constants
 
@@ -77,10 +79,15 @@ def _import(graph_def: graph_pb2.GraphDef, fetches: Sequence[str], feeds: Sequen
             side_effects: Sequence[str] = ()) -> ImportedGraph:
     """`side_effects`: ops that must run (a function's control outputs), fetched only
     where the fetches do not already depend on them."""
+    with _gc_paused():  # the passes allocate ~10^6 small objects; collection is pure cost
+        return _run_passes(graph_def, fetches, feeds, captures, start, side_effects)
+
+
+def _run_passes(graph_def, fetches, feeds, captures, start, side_effects) -> ImportedGraph:
     stats: dict[str, float] = {"nodes_in": len(graph_def.node)}
     roots = _normalise.fetch_node_names([*fetches, *feeds, *side_effects])
     graph_def = _normalise.prune(graph_def, roots)
-    _normalise.reject_unsupported(graph_def)
+    _normalise.reject_unsupported(graph_def, inlined=False)
     with _timed(stats, "grappler_seconds"):
         graph_def = _normalise.run_grappler(graph_def, roots)
     stats["nodes_grappler"] = len(graph_def.node)
@@ -96,6 +103,17 @@ def _import(graph_def: graph_pb2.GraphDef, fetches: Sequence[str], feeds: Sequen
     used = {name: value for name, value in captures.items() if name in graph.variables}
     return ImportedGraph(graph=graph, graph_def=graph_def, captures=MappingProxyType(used),
                          seconds=time.perf_counter() - start, stats=MappingProxyType(stats))
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 @contextmanager
@@ -311,47 +329,11 @@ def _constants(graph_def: graph_pb2.GraphDef) -> dict[str, np.ndarray]:
 
 # -- attrs -> plain Python ----------------------------------------------------------------
 
-_DTYPE_NAMES: dict[int, str] = {}
-_LIST_FIELDS = ("s", "i", "f", "b", "type", "shape", "tensor", "func")
+def _attrs(node) -> dict[str, Any]:
+    """Plain-Python attrs (tf_attrs conventions); '_'-prefixed attrs and Const's value dropped."""
+    return {key: python_value(node.attr[key]) for key in sorted(node.attr)
+            if not key.startswith("_") and not (key == "value" and node.op == "Const")}
 
 
 def _dtype_name(enum: int) -> str:
-    if enum not in _DTYPE_NAMES:
-        _DTYPE_NAMES[enum] = tf.dtypes.as_dtype(enum).name
-    return _DTYPE_NAMES[enum]
-
-
-def _attrs(node) -> dict[str, Any]:
-    """Plain-Python attrs; '_'-prefixed attrs and Const's value are dropped."""
-    return {key: _attr_value(value) for key, value in sorted(node.attr.items())
-            if not key.startswith("_") and not (node.op == "Const" and key == "value")}
-
-
-def _attr_value(value) -> Any:
-    kind = value.WhichOneof("value")
-    if kind == "list":
-        items = value.list
-        for name in _LIST_FIELDS:
-            if len(getattr(items, name)):
-                return tuple(_scalar(name, item) for item in getattr(items, name))
-        return ()
-    return None if kind is None else _scalar(kind, getattr(value, kind))
-
-
-def _scalar(kind: str, item) -> Any:
-    if kind == "s":
-        try:
-            return item.decode("utf-8")
-        except UnicodeDecodeError:
-            return bytes(item)
-    if kind == "type":
-        return _dtype_name(item)
-    if kind == "shape":
-        return None if item.unknown_rank else tuple(d.size for d in item.dim)
-    if kind == "tensor":
-        return tf.make_ndarray(item)
-    if kind == "func":
-        return item.name
-    if kind == "f":
-        return float(item)
-    return item  # i, b, placeholder
+    return tf.dtypes.as_dtype(enum).name
