@@ -11,6 +11,9 @@ the region a part needs. Splitting:
   is computed whole on every part (Replicated).
 - a reduction variable: the outputs it reduces are Partial (combine with the reducer);
   other outputs are computed whole.
+- a name that is an output variable of one output and a top-level reduction variable of
+  another (same extent) splits both jointly, as one strategy: Split where it indexes,
+  Partial where it is reduced (dx and d_scale of an inference batch-norm gradient).
 
 Sound by construction: an index the intervals cannot bound gives the whole dim. A part of
 a k-way split of extent n is the usual uneven split: the first n % k parts get one more.
@@ -240,7 +243,11 @@ def _candidates(sem: Semantics) -> list[tuple[str, str, int]]:
             for v in red.vars:
                 extents.setdefault(("reduce", v.name), set()).add(v.extent)
     # A name shared with different extents cannot be split jointly: skip it (sound).
-    return [(kind, name, e.pop()) for (kind, name), e in extents.items() if len(e) == 1]
+    # A reduction name that is also an output name is covered by the output strategy.
+    joint = {name for (kind, name), e in extents.items()
+             if kind == "reduce" and extents.get(("output", name)) == e}
+    return [(kind, name, next(iter(e))) for (kind, name), e in extents.items()
+            if len(e) == 1 and not (kind == "reduce" and name in joint)]
 
 
 def _strategy(sem: Semantics, kind: str, name: str, extent: int) -> Strategy:
@@ -257,9 +264,10 @@ def _strategy(sem: Semantics, kind: str, name: str, extent: int) -> Strategy:
             dim = compute.var_names.index(name)
             env[id(compute.vars[dim])] = symbolic
             state = Split(dim)
-        elif kind == "reduce":
+        else:
             red = top_reduce(compute.body)
-            bound = [v for v in (red.vars if red else ()) if v.name == name]
+            bound = [v for v in (red.vars if red else ())
+                     if v.name == name and v.extent == extent]
             if bound:
                 env[id(bound[0])] = symbolic
                 state = Partial(red.reducer)

@@ -96,11 +96,14 @@ class _Instance:
                 consts[i] = self.values[i]
         shapes = [v.shape for v in self.values]
         dtypes = [v.dtype.name for v in self.values]
-        self.sem = describe(op.name, op.type, python_attrs(op.node_def), shapes, dtypes,
-                            [tuple(t.shape) for t in op.outputs],
-                            [t.dtype.name for t in op.outputs], consts)
         self.input_dtypes = [t.dtype.base_dtype if not r else None
                              for t, r in zip(op.inputs, self.resource)]
+        # The kernel's own output shapes: a static shape may be unknown (FusedBatchNormV3's
+        # reserve_space_3) or differ from what the kernel returns (its gradient's (0,) vs ()).
+        self.sem = None
+        out_shapes = [r.shape for r in self.run(self.values)]
+        self.sem = describe(op.name, op.type, python_attrs(op.node_def), shapes, dtypes,
+                            out_shapes, [t.dtype.name for t in op.outputs], consts)
 
     @staticmethod
     def _input_values(op, graph, feeds, variables) -> list[np.ndarray]:
@@ -129,7 +132,7 @@ class _Instance:
                                execute_attrs(self.node_def.attr, attr_changes),
                                context.context())
         results = [o.numpy() for o in (outs or [])]
-        for update in self.sem.updates:
+        for update in (self.sem.updates if self.sem is not None else ()):
             results.append(holders[update.alias].numpy())
         return results
 
