@@ -53,6 +53,7 @@ class Semantics:
     attrs: Mapping[str, Any] = field(default_factory=dict)
     num_outputs: int | None = None             # real outputs; the rest are in-place updates
     unsplittable: Mapping[str, str] = field(default_factory=dict)  # var name -> reason
+    constants: Mapping[int, np.ndarray] = field(default_factory=dict)  # meta input values
 
     @property
     def updates(self) -> tuple[Compute, ...]:
@@ -166,7 +167,8 @@ class OpContext:
         computes = tuple(self._computes.get(i) for i in range(len(shapes)))
         return Semantics(self.name, self.type, self.input_shapes, shapes, computes,
                          frozenset(self._meta), None, self.attrs, len(self.output_shapes),
-                         dict(self._unsplittable))
+                         dict(self._unsplittable),
+                         {i: np.asarray(self._constants[i]) for i in sorted(self._meta)})
 
 
 _REGISTRY: dict[str, Description] = {}
