@@ -279,7 +279,8 @@ def test_graph_mode_step_imports_and_computes_the_same():
     assert {planner.op(n).forward_op for n in ("gradients/layer2_grad/MatMul",
                                                "gradients/layer2_grad/MatMul_1")} == {"layer2"}
     assert planner.op("layer1").role is Role.FORWARD
-    assert not [op for op in planner if op.name.endswith("Initializer") or "/Assign" == op.name[-7:]]
+    initializers = {n.name for n in graph_def.node if "/Initializer/" in n.name}
+    assert initializers and not initializers & {op.name for op in planner}
     var = planner.variables
     assert var["w1"].trainable and var["w2"].trainable and var["w1"].shape == (3, 6)
     assert var["w1_momentum"].slot_of == "w1" and var["w2_momentum"].slot_of == "w2"
@@ -297,6 +298,37 @@ def test_graph_mode_step_imports_and_computes_the_same():
     got_loss, _ = run_imported(imported, {"x:0": x, "y:0": y}, eager, list(planner.fetches))
     np.testing.assert_allclose(got_loss.numpy(), want_loss, rtol=1e-6)
     np.testing.assert_allclose(eager["w1"].numpy(), want_w1, rtol=1e-5, atol=1e-7)
+
+
+def test_v1_optimizer_slots_in_graph_mode():
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [4, 3], name="x")
+        w1 = tf.Variable(np.ones((3, 6), np.float32), name="w1")
+        w2 = tf.Variable(np.ones((6, 1), np.float32), name="w2")
+        loss = tf.reduce_mean(tf.matmul(tf.nn.relu(tf.matmul(x, w1)), w2) ** 2)
+        train_op = tf.compat.v1.train.AdamOptimizer(0.01).minimize(loss)
+    planner = import_graph_def(graph.as_graph_def(), [loss.name, train_op.name]).graph
+    var = planner.variables
+    for weight in ("w1", "w2"):
+        assert var[weight].trainable
+        assert planner.op(var[weight].update_ops[0]).type == "ResourceApplyAdam"
+        assert var[f"{weight}/Adam"].slot_of == weight == var[f"{weight}/Adam_1"].slot_of
+    assert var["beta1_power"].slot_of is None and not var["beta1_power"].trainable
+    assert planner.op(train_op.name).role is Role.UPDATE
+    assert {planner.op(n).forward_op for n in ("gradients/MatMul_grad/MatMul_1",
+                                               "gradients/Relu_grad/ReluGrad")} == \
+        {"MatMul", "Relu"}
+
+
+def test_feeding_an_intermediate_tensor_cuts_its_fan_in():
+    graph, names = build_graph_mode_step()
+    imported = import_graph_def(graph.as_graph_def(), [names["loss"]], feeds=["Tanh:0", "y:0"])
+    planner = imported.graph
+    assert planner.op("Tanh").type == "Placeholder" and planner.op("Tanh").role is Role.INPUT
+    assert planner.tensor("Tanh:0").shape == (4, 6)
+    assert "layer1" not in planner and "x" not in planner
+    assert set(planner.variables) == {"w2"}
 
 
 # -- typed errors -------------------------------------------------------------------------

@@ -76,6 +76,7 @@ class ForwardResolver:
         for name in self._records:
             self._children.setdefault(_parent(name), []).append(name)
         self._suffixes: dict[str, str | None] | None = None
+        self._indexes: dict[str, dict[str, list[str]]] = {}
 
     def resolve(self, node: NodeRecord, known: Mapping[str, str]) -> str | None:
         scope = self._forward_scope(node.name)
@@ -83,7 +84,7 @@ class ForwardResolver:
             return None
         if scope in self._records:
             return scope
-        return (self._by_shared_tensors(node, self._children.get(scope, ()))
+        return (self._by_shared_tensors(node, scope)
                 or self.by_flow(node, known, scope) or _inherited(node, known))
 
     def by_flow(self, node: NodeRecord, known: Mapping[str, str],
@@ -114,18 +115,32 @@ class ForwardResolver:
                 return candidate
         return None
 
-    def _by_shared_tensors(self, node: NodeRecord, candidates: Sequence[str]) -> str | None:
-        used = set(node.inputs)
-        best, best_score, tie = None, 0, False
-        for name in candidates:
-            record = self._records[name]
-            score = len(used & set(record.inputs)) + \
-                sum(1 for t in used if _producer(t) == name)
-            if score > best_score:
-                best, best_score, tie = name, score, False
-            elif score == best_score and score:
-                tie = True
-        return None if tie else best
+    def _by_shared_tensors(self, node: NodeRecord, scope: str) -> str | None:
+        """The op of `scope` sharing most tensors (its inputs or outputs) with `node`."""
+        index = self._input_index(scope)
+        scores: dict[str, int] = {}
+        for tensor in set(node.inputs):
+            producer = _producer(tensor)
+            owners = list(index.get(tensor, ()))
+            if producer in self._records and _parent(producer) == scope:
+                owners.append(producer)
+            for name in owners:
+                scores[name] = scores.get(name, 0) + 1
+        if not scores:
+            return None
+        best = max(scores.values())
+        winners = [name for name, score in scores.items() if score == best]
+        return winners[0] if len(winners) == 1 else None
+
+    def _input_index(self, scope: str) -> dict[str, list[str]]:
+        """Tensor -> the ops directly inside `scope` that consume it (built once per scope)."""
+        if scope not in self._indexes:
+            index: dict[str, list[str]] = {}
+            for name in self._children.get(scope, ()):
+                for tensor in set(self._records[name].inputs):
+                    index.setdefault(tensor, []).append(name)
+            self._indexes[scope] = index
+        return self._indexes[scope]
 
     def _by_suffix(self, suffix: str) -> str | None:
         """The unique forward op or scope whose name ends with `/suffix` (inlined bodies)."""

@@ -170,6 +170,20 @@ def var_handle_node(name: str, dtype_enum: int, shape: Sequence[int],
     return node
 
 
+def placeholder_node(name: str, dtype_enum: int, shape: Sequence[int] | None
+                     ) -> node_def_pb2.NodeDef:
+    """A Placeholder replacing a fed op; `shape` None: unknown rank, -1: unknown dimension."""
+    node = node_def_pb2.NodeDef(name=name, op="Placeholder")
+    node.attr["dtype"].type = dtype_enum
+    if shape is None:
+        node.attr["shape"].shape.unknown_rank = True
+    else:
+        for size in shape:
+            node.attr["shape"].shape.dim.add(size=size)
+        node.attr["shape"].shape.SetInParent()
+    return node
+
+
 def const_node(name: str, tensor_proto) -> node_def_pb2.NodeDef:
     """A Const holding a captured eager tensor's value."""
     node = node_def_pb2.NodeDef(name=name, op="Const")

@@ -8,7 +8,7 @@ Works on plain node records in topological order (no TensorFlow). On the pruned 
   gradient B  ops under a gradient name scope (`gradient_tape/`, `gradients/`, `x/gradients_1/`),
               confirmed structurally (see _gradients).
   D           everything reachable from B along value edges.
-  FORWARD     data-ancestors of B and of the fetches that are outside D and not writers.
+  FORWARD     data-ancestors of B and of the fetches, outside D; never a writer or NoOp.
   BACKWARD    B, plus the ops of D that feed B (un-scoped ops between gradient ops).
   UPDATE      the rest: writers, optimizer arithmetic, slot reads, joins.
   forward_op  the FORWARD op a BACKWARD op differentiates: from its gradient name scope,
@@ -126,7 +126,7 @@ def _roles(order: Sequence[NodeRecord], fetch_ops: set[str], gradients: set[str]
         users = flow.data_users[node.name]
         if any(u in gradients or u in feeds_gradient for u in users):
             feeds_gradient.add(node.name)
-        if node.name in in_d or is_writer(node.type):
+        if node.name in in_d or is_writer(node.type) or node.type == "NoOp":
             continue
         if node.name in fetch_ops or any(u in gradients or u in forward for u in users):
             forward.add(node.name)

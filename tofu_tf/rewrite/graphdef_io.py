@@ -1,8 +1,9 @@
 """Import: a GraphDef plus fetches, or a TF2 concrete function, becomes a planner Graph.
 
 Pass pipeline (each pass returns a new GraphDef; the caller's is never mutated):
-  1. captures    captured variables (resource Placeholders) -> VarHandleOp(dtype, shape),
-                 captured eager tensors -> Const                  (concrete functions only)
+  1. inputs      concrete function: captured variables (resource Placeholders) ->
+                 VarHandleOp(dtype, shape, shared_name), captured eager tensors -> Const;
+                 GraphDef: a fed output of a non-Placeholder op -> Placeholder
   2. prune       keep the fan-in of fetches and feeds; reject control flow
   3. Grappler    inline calls, fold shape arithmetic to Const (_normalise.GRAPPLER_PASSES)
   4. clean       strip Const control inputs (`^ShapeN`), prune again, reject control flow
@@ -54,7 +55,7 @@ def import_graph_def(graph_def: graph_pb2.GraphDef, fetches: Sequence[str], *,
     start = time.perf_counter()
     _check_names(graph_def, fetches, feeds)
     _reject_resource_placeholders(graph_def)
-    return _import(graph_def, fetches, feeds, {}, start)
+    return _import(_cut_at_feeds(graph_def, feeds), fetches, feeds, {}, start)
 
 
 def import_concrete_function(cf) -> ImportedGraph:
@@ -141,6 +142,26 @@ def _check_survivors(graph_def: graph_pb2.GraphDef, roots: Sequence[str]) -> Non
                                        "Identity of a constant.")
 
 
+def _cut_at_feeds(graph_def: graph_pb2.GraphDef, feeds: Sequence[str]) -> graph_pb2.GraphDef:
+    """A fed output of another op becomes a Placeholder: its producer's fan-in is not run."""
+    nodes = {node.name: node for node in graph_def.node}
+    fed = {_normalise.node_of(f) for f in feeds} - \
+        {name for name, node in nodes.items() if node.op == "Placeholder"}
+    if not fed:
+        return graph_def
+    shapes = _static_shapes(graph_def)
+    replacements = {}
+    for name in sorted(fed):
+        if len(shapes[name]) != 1:
+            raise GraphImportError("only an op with one output can be fed.", node=name,
+                                   op_type=nodes[name].op,
+                                   fix="feed a tf.identity of the tensor instead.")
+        shape, dtype = shapes[name][0]
+        replacements[name] = _normalise.placeholder_node(
+            name, tf.as_dtype(dtype).as_datatype_enum, shape)
+    return _normalise.replace_nodes(graph_def, replacements)
+
+
 def _reject_resource_placeholders(graph_def: graph_pb2.GraphDef) -> None:
     for node in graph_def.node:
         if node.op == "Placeholder" and "dtype" in node.attr and \
@@ -179,7 +200,8 @@ def _captured_value(external, name: str):
     except (AttributeError, ValueError, TypeError) as error:
         raise GraphImportError(
             "a captured tensor has no concrete value.", node=name, op_type="Placeholder",
-            fix="capture eager tensors or variables only, not tensors of another graph.") from error
+            fix="capture eager tensors or variables only, not tensors of another graph."
+        ) from error
 
 
 def _resource_spec(variable, external, name: str) -> tuple[int, list[int]]:
@@ -309,8 +331,8 @@ def _tensors(order: Sequence[NodeRecord], shapes: Mapping[str, list[tuple[Shape,
 
 
 def _op(node, record: NodeRecord, shapes, structure: Structure) -> Op:
-    return Op(name=record.name, type=record.type, inputs=record.inputs,
-              outputs=tuple(tensor_name(record.name, i) for i in range(len(shapes[record.name]))),
+    outputs = tuple(tensor_name(record.name, i) for i in range(len(shapes[record.name])))
+    return Op(name=record.name, type=record.type, inputs=record.inputs, outputs=outputs,
               attrs=MappingProxyType(_attrs(node)), control_inputs=record.control_inputs,
               device=node.device, role=structure.roles[record.name],
               forward_op=structure.forward_op.get(record.name))
