@@ -103,19 +103,27 @@ def fused_batch_norm(ctx):
         m, v = stats(c)
         return (x[idx] - m) * Fn("rsqrt", v + eps) * scale[c] + offset[c]
     layout.compute(ctx, y)
-    factor = ctx.attr("exponential_avg_factor", 1.0) if training else 0.0
-    count = _batch_count(x, layout)
+    statistics = (_training_statistics(ctx, layout, stats) if training
+                  else (lambda c: mean[c], lambda c: variance[c]) * 2)
+    for out, fn in enumerate(statistics, start=1):
+        ctx.compute(_per_channel(fn), output=out)
+    _empty_outputs(ctx, len(statistics) + 1)
+    if training:
+        layout.keep_batch_whole(ctx)
+
+
+def _training_statistics(ctx, layout: _Layout, stats):
+    """Running mean and unbiased variance (averaged with the inputs by the factor), then
+    the batch mean and biased variance kept for the gradient."""
+    _, _, _, mean, variance = ctx.inputs
+    factor = ctx.attr("exponential_avg_factor", 1.0)
+    count = _batch_count(ctx.inputs[0], layout)
 
     def running(old, new, c):
         return new if factor == 1.0 else old[c] * (1.0 - factor) + new * factor
-    channel_outputs = (lambda c: running(mean, stats(c)[0], c),
-                       lambda c: running(variance, stats(c)[1] * count / max(1, count - 1), c),
-                       lambda c: stats(c)[0], lambda c: stats(c)[1])
-    for out, fn in enumerate(channel_outputs, start=1):
-        ctx.compute(_per_channel(fn), output=out)
-    _empty_outputs(ctx, len(channel_outputs) + 1)
-    if training:
-        layout.keep_batch_whole(ctx)
+    return (lambda c: running(mean, stats(c)[0], c),
+            lambda c: running(variance, stats(c)[1] * count / max(1, count - 1), c),
+            lambda c: stats(c)[0], lambda c: stats(c)[1])
 
 
 def _per_channel(fn):
