@@ -1,0 +1,85 @@
+"""Samples for ops/pool.py: odd spatial sizes so splits are uneven and windows overhang."""
+
+import numpy as np
+import tensorflow as tf
+
+from tofu_tf.op_semantics.samples import arg, const, sample
+
+R = tf.raw_ops
+
+# (label, x shape, window, stride, padding, explicit paddings or None)
+MAX = (
+    ("3x3 s2 SAME", (2, 11, 9, 3), 3, 2, "SAME", None),
+    ("2x2 s2 VALID", (2, 9, 11, 3), 2, 2, "VALID", None),
+    ("3x3 s1 SAME", (2, 9, 9, 2), 3, 1, "SAME", None),
+    ("3x3 s2 EXPLICIT", (2, 9, 11, 2), 3, 2, "EXPLICIT", [0, 0, 1, 2, 2, 0, 0, 0]),
+)
+AVG = (
+    ("3x3 s2 VALID", (2, 11, 9, 3), 3, 2, "VALID"),
+    ("3x3 s2 SAME", (2, 11, 9, 3), 3, 2, "SAME"),
+    ("3x3 s1 SAME", (2, 9, 11, 2), 3, 1, "SAME"),
+    ("2x2 s2 SAME", (2, 9, 11, 2), 2, 2, "SAME"),
+    ("4x4 s2 SAME", (2, 11, 9, 2), 4, 2, "SAME"),
+    ("5x5 s3 SAME", (1, 11, 13, 2), 5, 3, "SAME"),
+    ("1x1 s2 SAME", (2, 9, 11, 2), 1, 2, "SAME"),
+    ("2x2 s3 VALID", (2, 11, 9, 2), 2, 3, "VALID"),
+    ("2x2 s3 SAME", (2, 10, 13, 2), 2, 3, "SAME"),
+)
+
+
+def _window(size, stride, rank=4, channels_first=False):
+    spatial = [size] * (rank - 2)
+    return [1, 1, *spatial] if channels_first else [1, *spatial, 1]
+
+
+def _pool_attrs(k, s, padding, explicit=None, channels_first=False):
+    out = dict(ksize=_window(k, s, channels_first=channels_first),
+               strides=_window(s, s, channels_first=channels_first), padding=padding,
+               data_format="NCHW" if channels_first else "NHWC")
+    if explicit is not None:
+        out["explicit_paddings"] = explicit
+    return out
+
+
+def _tied(shape, seed=7):
+    """Values from {0, 1, 2}: windows hold several maxima."""
+    return np.random.default_rng(seed).integers(0, 3, shape).astype(np.float32)
+
+
+def _max_grad(attrs):
+    def build(x, g):
+        y = R.MaxPool(input=x, **attrs)
+        return R.MaxPoolGrad(orig_input=x, orig_output=y, grad=g, **attrs)
+    return build
+
+
+for label, x, k, s, pad, ex in MAX:
+    attrs = _pool_attrs(k, s, pad, ex)
+    y = tuple(R.MaxPool(input=tf.zeros(x), **attrs).shape)
+    sample("MaxPool", label, lambda a, attrs=attrs: R.MaxPool(input=a, **attrs), arg(x))
+    sample("MaxPoolGrad", label, _max_grad(attrs), arg(x), arg(y))
+    sample("MaxPoolGrad", label + " ties", _max_grad(attrs), arg(x, value=_tied(x)), arg(y))
+
+sample("MaxPool", "NCHW 3x3 s2 SAME",
+       lambda a: R.MaxPool(input=a, **_pool_attrs(3, 2, "SAME", channels_first=True)),
+       arg((2, 3, 11, 9)))
+sample("MaxPoolV2", "3x3 s2 SAME",
+       lambda a, k, s: R.MaxPoolV2(input=a, ksize=k, strides=s, padding="SAME"),
+       arg((2, 11, 9, 3)), const([1, 3, 3, 1], "int32"), const([1, 2, 2, 1], "int32"))
+sample("MaxPoolV2", "2x2 s2 VALID",
+       lambda a, k, s: R.MaxPoolV2(input=a, ksize=k, strides=s, padding="VALID"),
+       arg((2, 9, 11, 3)), const([1, 2, 2, 1], "int32"), const([1, 2, 2, 1], "int32"))
+
+for label, x, k, s, pad in AVG:
+    attrs = _pool_attrs(k, s, pad)
+    y = tuple(R.AvgPool(value=tf.zeros(x), **attrs).shape)
+    sample("AvgPool", label, lambda a, attrs=attrs: R.AvgPool(value=a, **attrs), arg(x))
+    sample("AvgPoolGrad", label,
+           lambda n, g, attrs=attrs: R.AvgPoolGrad(orig_input_shape=n, grad=g, **attrs),
+           const(x, "int32"), arg(y))
+
+NCHW = _pool_attrs(3, 2, "SAME", channels_first=True)
+sample("AvgPool", "NCHW 3x3 s2 SAME", lambda a: R.AvgPool(value=a, **NCHW), arg((2, 3, 11, 9)))
+sample("AvgPoolGrad", "NCHW 3x3 s2 SAME",
+       lambda n, g: R.AvgPoolGrad(orig_input_shape=n, grad=g, **NCHW),
+       const((2, 3, 11, 9), "int32"), arg((2, 3, 6, 5)))
