@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from tofu_tf.errors import DynamicShapeError, GraphImportError
 from tofu_tf.graph import DTYPE_SIZES, Role
+from tofu_tf.rewrite import _normalise
 from tofu_tf.rewrite.graphdef_io import import_concrete_function, import_graph_def
 
 RNG = np.random.default_rng(0)
@@ -331,6 +332,28 @@ def test_feeding_an_intermediate_tensor_cuts_its_fan_in():
     assert set(planner.variables) == {"w2"}
 
 
+def test_shape_ops_of_static_tensors_fold_to_constants():
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [2, 3], name="x")
+        y = tf.compat.v1.placeholder(tf.float32, [3, 2], name="y")
+        shapes = tf.raw_ops.ShapeN(input=[x, y], name="shapes")
+        out = tf.reshape(y, shapes[0], name="out") + tf.reshape(x, shapes[0])
+    graph_def = graph.as_graph_def()
+    shapes_by_op = {"x": [((2, 3), "float32")], "y": [((3, 2), "float32")]}
+    folded = _normalise.fold_shape_ops(graph_def, shapes_by_op)
+    nodes = {n.name: n for n in folded.node}
+    assert "shapes" not in nodes and nodes["shapes/folded_0"].op == "Const"
+    assert list(nodes["out"].input) == ["y", "shapes/folded_0"]
+    assert shapes_by_op["shapes/folded_1"] == [((2,), "int32")]
+    with tf.compat.v1.Session(graph=tf.Graph()) as session:
+        tf.graph_util.import_graph_def(folded, name="")
+        feeds = {"x:0": np.ones((2, 3)), "y:0": np.arange(6.0).reshape(3, 2)}
+        got = session.run(out.name, feeds)
+    with tf.compat.v1.Session(graph=graph) as session:
+        np.testing.assert_array_equal(got, session.run(out, feeds))
+
+
 # -- typed errors -------------------------------------------------------------------------
 
 def test_while_loop_is_rejected_naming_the_while_node():
@@ -423,6 +446,7 @@ def test_resnet50_training_step_imports_fast():
     conv1_input_grads = [op for op in graph if op.type == "Conv2DBackpropInput"
                          and op.forward_op and "conv1_conv" in op.forward_op]
     assert not conv1_input_grads
+    assert not {"Shape", "ShapeN", "BroadcastGradientArgs"} & set(graph.op_types())
     convs = [op for op in graph if op.type == "Conv2D"]
     assert all(op.role is Role.FORWARD for op in convs)
     filter_grads = [op for op in graph if op.type == "Conv2DBackpropFilter"]

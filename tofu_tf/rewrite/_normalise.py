@@ -5,6 +5,7 @@
                                           (inline calls, fold shape arithmetic to Const)
     strip control inputs of Const nodes   (the `^ShapeN` edges constfold leaves behind)
     prune to the fetches' fan-in          (data and control inputs)
+    fold Shape/ShapeN/Size/Rank left over (once static shapes are known)
     reject control flow and TensorLists   (While/If/Case cannot be partitioned op by op)
 
 Every function takes a GraphDef and returns a new one; the input is never mutated.
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping, Sequence
 
+import numpy as np
+import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, rewriter_config_pb2
 from tensorflow.python.framework import errors as tf_errors
@@ -30,6 +33,7 @@ CONTROL_FLOW_OPS = frozenset({
     "Enter", "Exit", "Switch", "Merge", "NextIteration", "LoopCond", "RefEnter", "RefSwitch",
 })
 CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
+SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
 
 _UNROLL_FIX = ("unroll the loop in Python (for i in range(n)) with a fixed n, or "
                "use an unrolled layer (e.g. keras.layers.LSTM(..., unroll=True)); "
@@ -130,6 +134,82 @@ def prune(graph_def: graph_pb2.GraphDef, roots: Iterable[str]) -> graph_pb2.Grap
     out.library.CopyFrom(graph_def.library)
     out.node.extend(node for node in graph_def.node if node.name in keep)
     return out
+
+
+def fold_shape_ops(graph_def: graph_pb2.GraphDef, shapes: dict[str, list],
+                   keep: Iterable[str] = ()) -> graph_pb2.GraphDef:
+    """Shape/ShapeN/Size/Rank of statically shaped inputs -> Const (those constfold missed).
+
+    `shapes` (op name -> [(shape, dtype name)]) is updated in place for the new Consts;
+    the `keep` nodes are left alone. Returns `graph_def` itself when nothing folds.
+    """
+    replacements: dict[str, list[node_def_pb2.NodeDef]] = {}
+    renames: dict[str, str] = {}
+    keep = set(keep)
+    for node in graph_def.node:
+        foldable = node.op in SHAPE_OPS and node.name not in keep
+        values = _static_shape_values(node, shapes) if foldable else None
+        if values is None:
+            continue
+        names = [node.name] if len(values) == 1 else \
+            [f"{node.name}/folded_{i}" for i in range(len(values))]
+        replacements[node.name] = [const_node(n, tf.make_tensor_proto(v))
+                                   for n, v in zip(names, values)]
+        shapes.update({n: [(v.shape, v.dtype.name)] for n, v in zip(names, values)})
+        if len(values) > 1:
+            renames.update({f"{node.name}:{i}": n for i, n in enumerate(names)})
+            renames[node.name] = names[0]
+    if not replacements:
+        return graph_def
+    return _rebuild(graph_def, replacements, renames)
+
+
+def _static_shape_values(node: node_def_pb2.NodeDef, shapes) -> list[np.ndarray] | None:
+    inputs = [i for i in node.input if not i.startswith("^")]
+    in_shapes = [shapes[node_of(i)][_output_index(i)][0] for i in inputs]
+    if any(shape is None or -1 in shape for shape in in_shapes):
+        return None
+    dtype = tf.as_dtype(node.attr["out_type"].type).as_numpy_dtype \
+        if "out_type" in node.attr else np.int32
+    if node.op == "Size":
+        return [np.array(int(np.prod(in_shapes[0])), dtype)]
+    if node.op == "Rank":
+        return [np.array(len(in_shapes[0]), np.int32)]
+    return [np.array(shape, dtype) for shape in in_shapes]
+
+
+def _output_index(input_name: str) -> int:
+    _, sep, tail = input_name.rpartition(":")
+    return int(tail) if sep and tail.isdigit() else 0
+
+
+def _rebuild(graph_def: graph_pb2.GraphDef, replacements: Mapping[str, list],
+             renames: Mapping[str, str]) -> graph_pb2.GraphDef:
+    out = graph_pb2.GraphDef()
+    out.versions.CopyFrom(graph_def.versions)
+    out.library.CopyFrom(graph_def.library)
+    for node in graph_def.node:
+        if node.name in replacements:
+            out.node.extend(replacements[node.name])
+            continue
+        if any(i in renames or i.lstrip("^") in renames for i in node.input):
+            node = _renamed_inputs(node, renames)
+        out.node.append(node)
+    return out
+
+
+def _renamed_inputs(node: node_def_pb2.NodeDef, renames: Mapping[str, str]
+                    ) -> node_def_pb2.NodeDef:
+    copy = node_def_pb2.NodeDef()
+    copy.CopyFrom(node)
+    del copy.input[:]
+    for name in node.input:
+        if name.startswith("^"):
+            if name[1:] not in renames:  # a control edge on a folded op is dropped
+                copy.input.append(name)
+        else:
+            copy.input.append(renames.get(name, name))
+    return copy
 
 
 def reject_unsupported(graph_def: graph_pb2.GraphDef, *, inlined: bool = True) -> None:

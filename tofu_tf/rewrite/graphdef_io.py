@@ -8,7 +8,8 @@ Pass pipeline (each pass returns a new GraphDef; the caller's is never mutated):
   3. Grappler    inline calls, fold shape arithmetic to Const (_normalise.GRAPPLER_PASSES)
   4. clean       strip Const control inputs (`^ShapeN`), prune again, reject control flow
   5. shapes      import into a fresh tf.Graph, read every output's static shape and dtype;
-                 an unknown dimension raises DynamicShapeError
+                 an unknown dimension raises DynamicShapeError; Shape/ShapeN ops of
+                 static tensors left by constfold become Consts
   6. structure   roles, forward_op, variables and slots (_structure.analyse)
   7. build       attrs -> plain Python, small Const values -> Graph.constants, Graph(...)
 """
@@ -95,10 +96,12 @@ def _run_passes(graph_def, fetches, feeds, captures, start, side_effects) -> Imp
     _check_survivors(graph_def, roots)
     graph_def = _normalise.prune(_normalise.strip_const_control_inputs(graph_def), roots)
     _normalise.reject_unsupported(graph_def)
-    stats["nodes_out"] = len(graph_def.node)
     fetches = [*fetches, *_normalise.unreached(graph_def, fetches, side_effects)]
     with _timed(stats, "shape_seconds"):
         shapes = _static_shapes(graph_def)
+    folded = _normalise.fold_shape_ops(graph_def, shapes, keep=roots)
+    graph_def = graph_def if folded is graph_def else _normalise.prune(folded, roots)
+    stats["nodes_out"] = len(graph_def.node)
     with _timed(stats, "build_seconds"):
         graph = _build_graph(graph_def, shapes, fetches)
     used = {name: value for name, value in captures.items() if name in graph.variables}
