@@ -8,7 +8,7 @@
     fold Shape/ShapeN/Size/Rank left over (once static shapes are known)
     reject control flow and TensorLists   (While/If/Case cannot be partitioned op by op)
 
-Every function takes a GraphDef and returns a new one; the input is never mutated.
+No function mutates the GraphDef it is given.
 """
 
 from __future__ import annotations

@@ -55,7 +55,9 @@ def import_graph_def(graph_def: graph_pb2.GraphDef, fetches: Sequence[str], *,
     """Import a GraphDef; `fetches` are tensor ('loss:0') or op ('train_op') names."""
     start = time.perf_counter()
     _check_names(graph_def, fetches, feeds)
-    _reject_resource_placeholders(graph_def)
+    _reject_resource_placeholders(
+        graph_def, "import the tf.function with import_concrete_function("
+                   "step.get_concrete_function(...)), which knows the captured variables.")
     return _import(_cut_at_feeds(graph_def, feeds), fetches, feeds, {}, start)
 
 
@@ -64,6 +66,9 @@ def import_concrete_function(cf) -> ImportedGraph:
     start = time.perf_counter()
     replacements, captures = _capture_replacements(cf)
     graph_def = _normalise.replace_nodes(cf.graph.as_graph_def(), replacements)
+    _reject_resource_placeholders(
+        graph_def, "use the variable inside the function (it is captured) instead of "
+                   "passing it as an argument.")
     fetches = [t.name for t in cf.outputs]
     side_effects = [op.name for op in cf.graph.control_outputs]
     if not fetches and not side_effects:
@@ -165,15 +170,13 @@ def _cut_at_feeds(graph_def: graph_pb2.GraphDef, feeds: Sequence[str]) -> graph_
     return _normalise.replace_nodes(graph_def, replacements)
 
 
-def _reject_resource_placeholders(graph_def: graph_pb2.GraphDef) -> None:
+def _reject_resource_placeholders(graph_def: graph_pb2.GraphDef, fix: str) -> None:
     for node in graph_def.node:
         if node.op == "Placeholder" and "dtype" in node.attr and \
                 node.attr["dtype"].type == tf.resource.as_datatype_enum:
             raise GraphImportError(
-                "a resource placeholder (a captured variable) has no variable shape.",
-                node=node.name, op_type=node.op,
-                fix="import the tf.function with import_concrete_function("
-                    "step.get_concrete_function(...)), which knows the captured variables.")
+                "a resource placeholder (a variable handle) has no variable shape.",
+                node=node.name, op_type=node.op, fix=fix)
 
 
 # -- captures -----------------------------------------------------------------------------
