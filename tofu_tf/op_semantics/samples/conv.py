@@ -1,13 +1,17 @@
-"""Samples for ops/conv.py: odd spatial sizes so splits are uneven and windows overhang."""
+"""Samples for ops/conv.py: odd spatial sizes so splits are uneven and windows overhang.
+
+NCHW and dilated gradients run on CPU only through oneDNN; those samples are added where
+this TensorFlow's CPU kernels run them.
+"""
 
 import tensorflow as tf
 
 from tofu_tf.op_semantics.samples import arg, const, sample
 
 R = tf.raw_ops
-EXPLICIT = [0, 0, 1, 2, 2, 0, 0, 0]          # NHWC: top 1, bottom 2, left 2, right 0
+EXPLICIT = (0, 0, 1, 2, 2, 0, 0, 0)          # NHWC: top 1, bottom 2, left 2, right 0
 
-# (label, x shape, filter shape, stride, padding, dilation, explicit paddings)
+# (label, x shape NHWC, filter shape, stride, padding, dilation, explicit paddings)
 CONV2D = (
     ("3x3 s1 SAME", (2, 9, 9, 3), (3, 3, 3, 4), 1, "SAME", 1, ()),
     ("3x3 s2 SAME", (2, 11, 11, 3), (3, 3, 3, 4), 2, "SAME", 1, ()),
@@ -19,81 +23,106 @@ CONV2D = (
     ("1x1 s2", (2, 9, 9, 3), (1, 1, 3, 4), 2, "SAME", 1, ()),
     ("4x4 s2 SAME", (2, 11, 9, 3), (4, 4, 3, 4), 2, "SAME", 1, ()),
 )
-
-
-def _attrs(stride, padding, dilation, explicit, rank=4):
-    spatial = [1] + [stride] * (rank - 2) + [1]
-    dil = [1] + [dilation] * (rank - 2) + [1]
-    out = dict(strides=spatial, padding=padding, dilations=dil)
-    if rank == 4:
-        out["explicit_paddings"] = list(explicit)
-    return out
-
-
-def _forward_shape(x, w, stride, padding, dilation, explicit, depthwise=False):
-    """The forward output shape (run once, eagerly)."""
-    op = R.DepthwiseConv2dNative if depthwise else R.Conv2D
-    y = op(input=tf.zeros(x), filter=tf.zeros(w), **_attrs(stride, padding, dilation, explicit))
-    return tuple(y.shape)
-
-
-for label, x, w, s, pad, dil, ex in CONV2D:
-    attrs = _attrs(s, pad, dil, ex)
-    dy = _forward_shape(x, w, s, pad, dil, ex)
-    sample("Conv2D", label, lambda a, b, attrs=attrs: R.Conv2D(input=a, filter=b, **attrs),
-           arg(x), arg(w))
-    sample("Conv2DBackpropInput", label,
-           lambda n, b, g, attrs=attrs: R.Conv2DBackpropInput(
-               input_sizes=n, filter=b, out_backprop=g, **attrs),
-           const(x, "int32"), arg(w), arg(dy))
-    sample("Conv2DBackpropFilter", label,
-           lambda a, n, g, attrs=attrs: R.Conv2DBackpropFilter(
-               input=a, filter_sizes=n, out_backprop=g, **attrs),
-           arg(x), const(w, "int32"), arg(dy))
-
-sample("Conv2D", "NCHW 3x3 s2 SAME",
-       lambda a, b: R.Conv2D(input=a, filter=b, strides=[1, 1, 2, 2], padding="SAME",
-                             data_format="NCHW"),
-       arg((2, 3, 11, 9)), arg((3, 3, 3, 4)))
-
 DEPTHWISE = (
     ("M2 3x3 s2 SAME", (2, 11, 9, 3), (3, 3, 3, 2), 2, "SAME", 1, ()),
     ("M1 3x3 s1 VALID", (2, 9, 9, 3), (3, 3, 3, 1), 1, "VALID", 1, ()),
     ("M2 3x3 dilation 2 SAME", (2, 9, 11, 3), (3, 3, 3, 2), 1, "SAME", 2, ()),
     ("M2 2x4 s2 EXPLICIT", (2, 9, 11, 3), (2, 4, 3, 2), 2, "EXPLICIT", 1, EXPLICIT),
 )
-
-for label, x, w, s, pad, dil, ex in DEPTHWISE:
-    attrs = _attrs(s, pad, dil, ex)
-    dy = _forward_shape(x, w, s, pad, dil, ex, depthwise=True)
-    sample("DepthwiseConv2dNative", label,
-           lambda a, b, attrs=attrs: R.DepthwiseConv2dNative(input=a, filter=b, **attrs),
-           arg(x), arg(w))
-    sample("DepthwiseConv2dNativeBackpropInput", label,
-           lambda n, b, g, attrs=attrs: R.DepthwiseConv2dNativeBackpropInput(
-               input_sizes=n, filter=b, out_backprop=g, **attrs),
-           const(x, "int32"), arg(w), arg(dy))
-    sample("DepthwiseConv2dNativeBackpropFilter", label,
-           lambda a, n, g, attrs=attrs: R.DepthwiseConv2dNativeBackpropFilter(
-               input=a, filter_sizes=n, out_backprop=g, **attrs),
-           arg(x), const(w, "int32"), arg(dy))
-
-# (label, x shape, filter shape, stride, padding)
+NCHW = ("NCHW 3x3 s2 SAME", (2, 3, 11, 9), (3, 3, 3, 2), 2, "SAME", 1, ())
+# (label, x shape NDHWC, filter shape, stride, padding)
 CONV3D = (
     ("3x3x3 s2 SAME", (1, 7, 5, 9, 2), (3, 3, 3, 2, 3), 2, "SAME"),
     ("2x3x2 s1 VALID", (2, 5, 7, 5, 2), (2, 3, 2, 2, 3), 1, "VALID"),
 )
 
-for label, x, w, s, pad in CONV3D:
-    attrs = _attrs(s, pad, 1, (), rank=5)
-    dy = tuple(R.Conv3D(input=tf.zeros(x), filter=tf.zeros(w), **attrs).shape)
-    sample("Conv3D", label, lambda a, b, attrs=attrs: R.Conv3D(input=a, filter=b, **attrs),
+
+def _attrs(stride, padding, dilation, explicit=(), channels_first=False, rank=4):
+    def per_dim(v):
+        spatial = [v] * (rank - 2)
+        return [1, 1, *spatial] if channels_first else [1, *spatial, 1]
+    out = dict(strides=per_dim(stride), padding=padding, dilations=per_dim(dilation),
+               data_format=("NC" if channels_first else "N")
+               + ("DHW" if rank == 5 else "HW") + ("" if channels_first else "C"))
+    if rank == 4:
+        out["explicit_paddings"] = list(explicit)
+    return out
+
+
+def _out_size(size, k, s, padding, d=1, before_after=(0, 0)):
+    if padding == "SAME":
+        return -(-size // s)
+    return (size + sum(before_after) - (k - 1) * d - 1) // s + 1
+
+
+def _out_shape(x, w, s, padding, d=1, explicit=(), out_channels=None, channels_first=False):
+    """The forward output shape of a conv of x with filter w (spatial dims first in w)."""
+    spatial = range(2, len(x)) if channels_first else range(1, len(x) - 1)
+    out = list(x)
+    for i, dim in enumerate(spatial):
+        pads = tuple(explicit[2 * dim:2 * dim + 2]) if explicit else (0, 0)
+        out[dim] = _out_size(x[dim], w[i], s, padding, d, pads)
+    out[1 if channels_first else -1] = w[-1] if out_channels is None else out_channels
+    return tuple(out)
+
+
+def _kernel_runs(build, *shapes) -> bool:
+    """Whether this TensorFlow's CPU kernels run `build` on zeros of these shapes."""
+    try:
+        build(*(tf.zeros(s) for s in shapes))
+        return True
+    except (tf.errors.OpError, ValueError):
+        return False
+
+
+def _conv_family(forward, backprop_input, backprop_filter, label, x, w, dy, attrs,
+                 gradients=True):
+    sample(forward, label, lambda a, b: getattr(R, forward)(input=a, filter=b, **attrs),
            arg(x), arg(w))
-    sample("Conv3DBackpropInputV2", label,
-           lambda n, b, g, attrs=attrs: R.Conv3DBackpropInputV2(
+    if not gradients:
+        return
+    sample(backprop_input, label,
+           lambda n, b, g: getattr(R, backprop_input)(
                input_sizes=n, filter=b, out_backprop=g, **attrs),
            const(x, "int32"), arg(w), arg(dy))
-    sample("Conv3DBackpropFilterV2", label,
-           lambda a, n, g, attrs=attrs: R.Conv3DBackpropFilterV2(
+    sample(backprop_filter, label,
+           lambda a, n, g: getattr(R, backprop_filter)(
                input=a, filter_sizes=n, out_backprop=g, **attrs),
            arg(x), const(w, "int32"), arg(dy))
+
+
+CONV_OPS = ("Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter")
+DEPTHWISE_OPS = ("DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput",
+                 "DepthwiseConv2dNativeBackpropFilter")
+DILATED_GRADIENTS = _kernel_runs(
+    lambda x, w, g: R.Conv2DBackpropFilter(input=x, filter_sizes=[3, 3, 1, 1], out_backprop=g,
+                                           **_attrs(1, "SAME", 2)),
+    (1, 5, 5, 1), (3, 3, 1, 1), (1, 5, 5, 1))
+DILATED_DEPTHWISE = _kernel_runs(
+    lambda x, w: R.DepthwiseConv2dNative(input=x, filter=w, **_attrs(1, "SAME", 2)),
+    (1, 5, 5, 1), (3, 3, 1, 1))
+CHANNELS_FIRST = _kernel_runs(
+    lambda x, w: R.Conv2D(input=x, filter=w, **_attrs(1, "SAME", 1, channels_first=True)),
+    (1, 1, 5, 5), (3, 3, 1, 1))
+
+for label, x, w, s, pad, dil, ex in CONV2D:
+    _conv_family(*CONV_OPS, label, x, w, _out_shape(x, w, s, pad, dil, ex),
+                 _attrs(s, pad, dil, ex), gradients=dil == 1 or DILATED_GRADIENTS)
+
+for label, x, w, s, pad, dil, ex in DEPTHWISE:
+    if dil == 1 or DILATED_DEPTHWISE:
+        _conv_family(*DEPTHWISE_OPS, label, x, w,
+                     _out_shape(x, w, s, pad, dil, ex, out_channels=w[2] * w[3]),
+                     _attrs(s, pad, dil, ex))
+
+if CHANNELS_FIRST:
+    label, x, w, s, pad, dil, _ = NCHW
+    _conv_family(*CONV_OPS, label, x, w, _out_shape(x, w, s, pad, channels_first=True),
+                 _attrs(s, pad, dil, channels_first=True))
+    _conv_family(*DEPTHWISE_OPS, label, x, w,
+                 _out_shape(x, w, s, pad, out_channels=w[2] * w[3], channels_first=True),
+                 _attrs(s, pad, dil, channels_first=True))
+
+for label, x, w, s, pad in CONV3D:
+    _conv_family("Conv3D", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2", label, x, w,
+                 _out_shape(x, w, s, pad), _attrs(s, pad, 1, rank=5))
