@@ -1,0 +1,96 @@
+"""Gathers and segment reductions: GatherV2, Gather, ResourceGather, GatherNd and
+UnsortedSegmentSum / Max / Min / Prod.
+
+A gathered element is params[.., indices[i], ..]: the index is data, so a split on an
+indices dim cuts indices and takes params whole along the gathered axis, and a split on
+another params dim cuts params and takes indices whole. A segment reduction
+out[s] = R_i (data[i] where ids[i] == s) splits on i (each part reduces its own rows:
+Partial), on the trailing dims, and on s (every part reduces all rows into all segments
+and keeps its own: the kernel rejects ids beyond num_segments, so it cannot be narrowed).
+"""
+
+from __future__ import annotations
+
+from tofu_tf.op_semantics.helpers import normalize_axis
+from tofu_tf.op_semantics.ops.shape import crop_split_outputs
+from tofu_tf.op_semantics.registry import semantics
+from tofu_tf.op_semantics.tdl import Const, Eq, ReduceN, where
+
+
+def _gather(ctx, params, indices, axis: int, batch_dims: int) -> None:
+    """y[outer, picks, inner] = params[outer, indices[outer[:batch_dims], picks], inner]."""
+    picked = indices.rank - batch_dims
+
+    def body(idx):
+        outer, picks, inner = idx[:axis], idx[axis:axis + picked], idx[axis + picked:]
+        index = indices[tuple(outer[:batch_dims]) + tuple(picks)]
+        return params[tuple(outer) + (index,) + tuple(inner)]
+    ctx.compute_nd(body)
+
+
+@semantics("GatherV2")
+def gather_v2(ctx):
+    params, indices = ctx.inputs[:2]
+    batch_dims = normalize_axis(int(ctx.attr("batch_dims", 0) or 0), indices.rank)
+    axis = normalize_axis(int(ctx.const(2)), params.rank)
+    _gather(ctx, params, indices, axis, batch_dims)
+
+
+@semantics("Gather")
+def gather(ctx):
+    params, indices = ctx.inputs
+    _gather(ctx, params, indices, 0, 0)
+
+
+@semantics("ResourceGather")
+def resource_gather(ctx):
+    """The resource input stands for the variable's value; it gathers on dim batch_dims."""
+    variable, indices = ctx.inputs
+    batch_dims = int(ctx.attr("batch_dims", 0) or 0)
+    _gather(ctx, variable, indices, batch_dims, batch_dims)
+
+
+@semantics("GatherNd")
+def gather_nd(ctx):
+    """y[lead, inner] = params[lead[:b], indices[lead, 0], .., indices[lead, q-1], inner]."""
+    params, indices = ctx.inputs
+    batch_dims = int(ctx.attr("batch_dims", 0) or 0)
+    depth, lead_rank = indices.shape[-1], indices.rank - 1
+
+    def body(idx):
+        lead, inner = tuple(idx[:lead_rank]), tuple(idx[lead_rank:])
+        coords = tuple(indices[lead + (Const(c),)] for c in range(depth))
+        return params[lead[:batch_dims] + coords + inner]
+    ctx.compute_nd(body)
+
+
+SEGMENT_REDUCERS = {"UnsortedSegmentSum": "sum", "UnsortedSegmentMax": "max",
+                    "UnsortedSegmentMin": "min", "UnsortedSegmentProd": "prod"}
+IDENTITY = {"sum": 0, "prod": 1, "max": float("-inf"), "min": float("inf")}
+
+
+def _segment_local(ctx, local):
+    """A split of the segments: each part computes every segment and keeps its own."""
+    return crop_split_outputs(ctx, local) if any(
+        s.kind == "split" and s.dim == 0 for s in (ctx.strategy.outputs if ctx.strategy
+                                                   else ())) else local
+
+
+@semantics(*SEGMENT_REDUCERS, localize=_segment_local)
+def unsorted_segment(ctx):
+    """out[s, rest] = R over ids' dims r of (data[r, rest] where ids[r] == s)."""
+    data, ids = ctx.inputs[:2]
+    if ctx.is_const(2):
+        ctx.const(2)
+    reducer = SEGMENT_REDUCERS[ctx.type]
+    identity = IDENTITY[reducer]
+
+    def element(s, r, rest):
+        return where(Eq(ids[r], s), data[r + rest], identity)
+
+    def body(idx):
+        s, rest = idx[0], tuple(idx[1:])
+        if ids.rank == 0:
+            return element(s, (), rest)
+        return ReduceN(reducer, lambda *r: element(s, r, rest), ids.shape)
+    ctx.compute_nd(body)

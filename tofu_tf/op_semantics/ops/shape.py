@@ -1,0 +1,833 @@
+"""Shape-like and data-movement ops: reshapes, transposes, concats and splits, slices, pads,
+packs, tiles and broadcasts, shape queries, ranges, one-hot, reverse, cumsum.
+
+Each output element is one input element at an index computed from the output index (a
+Reshape unravels its flat index group by group, a StridedSlice reads `begin + stride * i`,
+a Concat picks its piece with `where`), so every output dim splits and each input is cut
+to the part's preimage. Local kernels then see the part's own shapes: hooks rewrite the
+shape, begin, size and padding constants, and where a kernel needs a little more than the
+part (whole tiles, a OneHot up to the part's last class, a Reshape of aligned rows) they
+pad the fetched region with zeros that only land in what the crop drops.
+"""
+
+from __future__ import annotations
+
+import inspect
+from functools import reduce
+from math import gcd, prod
+
+import numpy as np
+
+from tofu_tf.op_semantics.helpers import broadcast, normalize_axes, normalize_axis
+from tofu_tf.op_semantics.localize import replace
+from tofu_tf.op_semantics.registry import opaque, semantics
+from tofu_tf.op_semantics.tdl import Const, Eq, Fn, Maximum, Minimum, Sum, where
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def named(fn, names):
+    """`fn(index_tuple)` as a lambda with parameters `names`, for `ctx.compute`: outputs
+    that share a name split jointly, a name of its own splits one output alone."""
+    def call(*index):
+        return fn(index)
+    call.__signature__ = inspect.Signature(
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names])
+    return call
+
+
+def const_ints(sem, index: int) -> list[int]:
+    """A meta input's value (kept in the semantics) as a flat list of ints."""
+    return [int(v) for v in np.asarray(sem.constants[index]).reshape(-1)]
+
+
+def _ints(ctx, index: int) -> list[int]:
+    return [int(v) for v in np.asarray(ctx.const(index)).reshape(-1)]
+
+
+def _set(items, index, value) -> tuple:
+    items = list(items)
+    items[index] = value
+    return tuple(items)
+
+
+def _sizes(slices) -> list[int]:
+    return [b - a for a, b in slices]
+
+
+def _crop(crop, local_shape):
+    """The crop of a local output, or None when it keeps all of it."""
+    crop = tuple((int(a), int(b)) for a, b in crop)
+    return None if crop == tuple((0, int(n)) for n in local_shape) else crop
+
+
+def _split_dim(ctx, output: int = 0):
+    """The output dim the strategy splits, or None (replicated, partial, or unsplit)."""
+    if ctx.strategy is None or ctx.strategy.outputs[output].kind != "split":
+        return None
+    return ctx.strategy.outputs[output].dim
+
+
+def _shifted(var, offset: int, stride: int = 1):
+    """`offset + stride * var`, without the trivial terms."""
+    term = var if stride == 1 else var * stride
+    return term if offset == 0 else term + offset
+
+
+def crop_split_outputs(ctx, local):
+    """Hook: the local op computes each split output whole; keep the part's share."""
+    crops = tuple(local.output_slices[o] if _split_dim(ctx, o) is not None else crop
+                  for o, crop in enumerate(local.output_crops))
+    return replace(local, output_crops=crops)
+
+
+def shape_const_hook(index: int):
+    """Hook: constant input `index` is the output shape; give it the part's shape."""
+    def hook(ctx, local):
+        shape = np.asarray(_sizes(local.output_slices[0]), dtype=np.int64)
+        return replace(local, const_inputs={**local.const_inputs, index: shape})
+    return hook
+
+
+# -- Reshape ------------------------------------------------------------------------------
+
+
+def reshape_groups(x_shape, y_shape) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """The finest pairing of x dims with y dims of equal product (size-1 dims left out):
+    [6, 4] -> [2, 3, 4] pairs x(0) with y(0, 1) and x(1) with y(2)."""
+    xs = [d for d, n in enumerate(x_shape) if n != 1]
+    ys = [d for d, n in enumerate(y_shape) if n != 1]
+    groups, i, j = [], 0, 0
+    while i < len(xs) and j < len(ys):
+        gx, gy = [xs[i]], [ys[j]]
+        px, py = x_shape[xs[i]], y_shape[ys[j]]
+        i, j = i + 1, j + 1
+        while px != py:
+            if px < py:
+                gx.append(xs[i])
+                px, i = px * x_shape[xs[i]], i + 1
+            else:
+                gy.append(ys[j])
+                py, j = py * y_shape[ys[j]], j + 1
+        groups.append((tuple(gx), tuple(gy)))
+    return groups
+
+
+def _strides(shape, dims) -> dict[int, int]:
+    out, stride = {}, 1
+    for d in reversed(dims):
+        out[d] = stride
+        stride *= shape[d]
+    return out
+
+
+def _group_index(x_shape, y_shape, group, idx) -> dict[int, object]:
+    """x index of one group: unravel(ravel(y index)); no `% size` on the group's leading x
+    dim (the flat index is in range) and no `// 1` on its last."""
+    gx, gy = group
+    y_strides, x_strides = _strides(y_shape, gy), _strides(x_shape, gx)
+    flat = reduce(lambda a, b: a + b, [_shifted(idx[d], 0, y_strides[d]) for d in gy])
+    index = {}
+    for n, d in enumerate(gx):
+        value = flat if x_strides[d] == 1 else flat // x_strides[d]
+        index[d] = value if n == 0 else value % x_shape[d]
+    return index
+
+
+def _reshape_local(ctx, local):
+    """Give the local Reshape the part's shape. A split on the leading y dim of a group
+    fetches whole rows of the group's leading x dim; rows are zero-padded to a multiple that
+    reshapes exactly, and the crop keeps the part. A split on an inner y dim of a group pads
+    the group's x dims to their full extent (the region is nearly whole anyway)."""
+    sem = ctx.sem
+    x_shape, y_shape = sem.input_shapes[0], sem.output_shapes[0]
+    dim = _split_dim(ctx)
+    if dim is None or 0 in x_shape:
+        return replace(local, const_inputs={1: np.asarray(y_shape, dtype=np.int64)})
+    gx, gy = next(g for g in reshape_groups(x_shape, y_shape) if dim in g[1])
+    slices, pads = local.input_slices[0], list(local.input_pads[0])
+    share = local.output_slices[0]
+    local_y, crop = list(y_shape), [(0, n) for n in y_shape]
+    for d in gx[1:] if gy[0] == dim else gx:
+        pads[d] = (slices[d][0], x_shape[d] - slices[d][1])
+    if gy[0] == dim:
+        lead = gx[0]
+        inner_x = prod(x_shape[d] for d in gx[1:])
+        inner_y = prod(y_shape[d] for d in gy[1:])
+        align = inner_y // gcd(inner_y, inner_x)
+        a, b = slices[lead]
+        start, stop = a // align * align, -(-b // align) * align
+        pads[lead] = (a - start, stop - b)
+        offset = start * inner_x // inner_y
+        local_y[dim] = (stop - start) * inner_x // inner_y
+        crop[dim] = (share[dim][0] - offset, share[dim][1] - offset)
+    else:
+        crop[dim] = share[dim]
+    return replace(local, input_pads=_set(local.input_pads, 0, tuple(pads)),
+                   const_inputs={1: np.asarray(local_y, dtype=np.int64)},
+                   output_crops=(_crop(crop, local_y),))
+
+
+@semantics("Reshape", localize=_reshape_local)
+def reshape(ctx):
+    """y[i] = x[unravel(ravel(i))], per group of dims with equal products; a split on a
+    group's leading y dim keeps rows of its leading x dim, an inner one widens soundly."""
+    x = ctx.inputs[0]
+    ctx.const(1)
+    y_shape = ctx.output_shapes[0]
+    if 0 in x.shape:
+        for d in range(len(y_shape)):
+            ctx.unsplittable(f"d{d}", "the tensor has no elements")
+        ctx.compute_nd(lambda idx: Fn("empty"))
+        return
+    groups = reshape_groups(x.shape, y_shape)
+
+    def body(idx):
+        index = {d: Const(0) for d in range(x.rank)}
+        for group in groups:
+            index.update(_group_index(x.shape, y_shape, group, idx))
+        return x[tuple(index[d] for d in range(x.rank))]
+    ctx.compute_nd(body)
+
+
+# -- permutations, reversals, size-1 dims, broadcasts ---------------------------------------
+
+
+@semantics("Transpose", "ConjugateTranspose")
+def transpose(ctx):
+    """y[i] = x[j] with j[perm[d]] = i[d]."""
+    view = ctx.inputs[0].transpose(_ints(ctx, 1))
+    if ctx.type == "ConjugateTranspose":
+        ctx.compute_nd(lambda idx: Fn("conj", view[idx]))
+    else:
+        ctx.compute_nd(lambda idx: view[idx])
+
+
+@semantics("ReverseV2")
+def reverse(ctx):
+    """y[i] = x[n - 1 - i] on the reversed axes: a part reads the mirrored range."""
+    x = ctx.inputs[0]
+    axes = normalize_axes(_ints(ctx, 1), x.rank)
+    ctx.compute_nd(lambda idx: x[tuple(x.shape[d] - 1 - v if d in axes else v
+                                       for d, v in enumerate(idx))])
+
+
+@semantics("ExpandDims")
+def expand_dims(ctx):
+    x = ctx.inputs[0]
+    axis = normalize_axis(_ints(ctx, 1)[0], x.rank + 1)
+    ctx.compute_nd(lambda idx: x[idx[:axis] + idx[axis + 1:]])
+
+
+def _squeezed(attrs, shape) -> tuple[int, ...]:
+    return normalize_axes(attrs.get("squeeze_dims") or (), len(shape)) or \
+        tuple(d for d, n in enumerate(shape) if n == 1)
+
+
+def _squeeze_local(ctx, local):
+    """Name the squeezed dims: a part's share of another dim may have size 1."""
+    dims = _squeezed(ctx.sem.attrs, ctx.sem.input_shapes[0])
+    return replace(local, attrs={**local.attrs, "squeeze_dims": dims})
+
+
+@semantics("Squeeze", localize=_squeeze_local)
+def squeeze(ctx):
+    """y[i] = x[i with 0 at every squeezed dim] (all size-1 dims when none are named)."""
+    x = ctx.inputs[0]
+    dims = _squeezed(ctx.attrs, x.shape)
+
+    def body(idx):
+        out = iter(idx)
+        return x[tuple(Const(0) if d in dims else next(out) for d in range(x.rank))]
+    ctx.compute_nd(body)
+
+
+@semantics("BroadcastTo", localize=shape_const_hook(1))
+def broadcast_to(ctx):
+    x = ctx.inputs[0]
+    ctx.const(1)
+    out = ctx.output_shapes[0]
+    ctx.compute_nd(lambda idx: broadcast(x, idx, out))
+
+
+def _tile_local(ctx, local):
+    """A part within one tile reads just its slice (multiple 1); a part across tiles tiles
+    the whole dim over the tiles it touches and crops."""
+    multiples = const_ints(ctx.sem, 1)
+    dim = _split_dim(ctx)
+    size = ctx.sem.input_shapes[0][dim] if dim is not None else 0
+    if dim is None or multiples[dim] == 1 or size == 0:
+        return local
+    start, stop = local.output_slices[0][dim]
+    first, last = start // size, (stop - 1) // size
+    slices = list(local.input_slices[0])
+    if first == last:
+        slices[dim] = (start - first * size, stop - first * size)
+        multiples[dim], crop = 1, None
+    else:
+        multiples[dim] = last - first + 1
+        local_y = [(b - a) * m for (a, b), m in zip(slices, multiples)]
+        crop = _crop(_set([(0, n) for n in local_y], dim,
+                          (start - first * size, stop - first * size)), local_y)
+    return replace(local, input_slices=_set(local.input_slices, 0, tuple(slices)),
+                   const_inputs={1: np.asarray(multiples, dtype=np.int64)},
+                   output_crops=(crop,))
+
+
+@semantics("Tile", localize=_tile_local)
+def tile(ctx):
+    """y[i] = x[i % n] on tiled dims."""
+    x = ctx.inputs[0]
+    multiples = _ints(ctx, 1)
+
+    def index(d, v):
+        if multiples[d] == 1:
+            return v
+        return Const(0) if x.shape[d] == 1 else v % x.shape[d]
+    ctx.compute_nd(lambda idx: x[tuple(index(d, v) for d, v in enumerate(idx))])
+
+
+# -- concatenation and splitting ------------------------------------------------------------
+
+
+def _concat(ctx, values, axis_input: int) -> None:
+    """y[.., j, ..] = piece p at j - offset[p], the piece chosen by `where`: a part reads only
+    the pieces it overlaps (the others' regions clamp to empty)."""
+    axis = normalize_axis(_ints(ctx, axis_input)[0], values[0].rank)
+    sizes = [v.shape[axis] for v in values]
+    offsets = np.cumsum([0] + sizes[:-1]).tolist()
+
+    def body(idx):
+        j = idx[axis]
+
+        def piece(p):
+            return values[p][idx[:axis] + (_shifted(j, -offsets[p]),) + idx[axis + 1:]]
+        value = piece(len(values) - 1)
+        for p in reversed(range(len(values) - 1)):
+            value = where(j < offsets[p] + sizes[p], piece(p), value)
+        return value
+    ctx.compute_nd(body)
+
+
+@semantics("ConcatV2")
+def concat_v2(ctx):
+    _concat(ctx, ctx.inputs[:-1], len(ctx.inputs) - 1)
+
+
+@semantics("Concat")
+def concat(ctx):
+    _concat(ctx, ctx.inputs[1:], 0)
+
+
+def _split(ctx, x, axis: int) -> None:
+    """Output o is x[.., j + offset[o], ..]. Equal pieces share their names, so a split of
+    the axis takes the same share of every piece; unequal pieces split one at a time."""
+    sizes = [s[axis] for s in ctx.output_shapes]
+    offsets = np.cumsum([0] + sizes[:-1]).tolist()
+    equal = len(set(sizes)) == 1
+    for o, offset in enumerate(offsets):
+        names = [f"d{d}" if d != axis or equal else f"o{o}_d{d}" for d in range(x.rank)]
+        ctx.compute(named(lambda idx, offset=offset: x[
+            idx[:axis] + (_shifted(idx[axis], offset),) + idx[axis + 1:]], names), output=o)
+
+
+def _split_local(ctx, local, x_input: int, axis: int):
+    """Axis split of equal pieces: the region [lo, (n-1)*size + hi] is zero-padded to
+    n*size so that each local piece starts at the part's first row; crop every piece.
+    Axis split of one unequal piece: pad to the whole axis, crop that piece."""
+    split = [o for o in range(len(local.output_slices)) if _split_dim(ctx, o) == axis]
+    if not split:
+        return local
+    (a, b), extent = local.input_slices[x_input][axis], ctx.sem.input_shapes[x_input][axis]
+    crops = list(local.output_crops)
+    if len(split) == len(crops):
+        piece = ctx.sem.output_shapes[0][axis]
+        pad = (0, len(crops) * piece - (b - a))
+        for o in split:
+            start, stop = local.output_slices[o][axis]
+            local_y = _set(_sizes(local.output_slices[o]), axis, piece)
+            crops[o] = _crop(_set([(0, n) for n in local_y], axis, (0, stop - start)), local_y)
+    else:
+        pad = (a, extent - b)
+        for o in split:
+            crops[o] = local.output_slices[o]
+    pads = _set(local.input_pads[x_input], axis, pad)
+    return replace(local, input_pads=_set(local.input_pads, x_input, pads),
+                   output_crops=tuple(crops))
+
+
+def _split_hook(ctx, local):
+    x_shape = ctx.sem.input_shapes[1]
+    return _split_local(ctx, local, 1, normalize_axis(const_ints(ctx.sem, 0)[0], len(x_shape)))
+
+
+def _split_v_hook(ctx, local):
+    x_shape = ctx.sem.input_shapes[0]
+    return _split_local(ctx, local, 0, normalize_axis(const_ints(ctx.sem, 2)[0], len(x_shape)))
+
+
+@semantics("Split", localize=_split_hook)
+def split(ctx):
+    x = ctx.inputs[1]
+    _split(ctx, x, normalize_axis(_ints(ctx, 0)[0], x.rank))
+
+
+@semantics("SplitV", localize=_split_v_hook)
+def split_v(ctx):
+    x = ctx.inputs[0]
+    ctx.const(1)
+    _split(ctx, x, normalize_axis(_ints(ctx, 2)[0], x.rank))
+
+
+def _pack_local(ctx, local):
+    """A split of the stacking axis: every part stacks all inputs and keeps its rows."""
+    axis = normalize_axis(int(ctx.sem.attrs.get("axis", 0)), len(ctx.sem.output_shapes[0]))
+    return crop_split_outputs(ctx, local) if _split_dim(ctx) == axis else local
+
+
+@semantics("Pack", localize=_pack_local)
+def pack(ctx):
+    """y[.., n, ..] = input n[..]; other dims split every input alike."""
+    axis = normalize_axis(int(ctx.attr("axis", 0)), len(ctx.output_shapes[0]))
+    values = ctx.inputs
+
+    def body(idx):
+        n, rest = idx[axis], idx[:axis] + idx[axis + 1:]
+        value = values[-1][rest]
+        for p in reversed(range(len(values) - 1)):
+            value = where(Eq(n, p), values[p][rest], value)
+        return value
+    ctx.compute_nd(body)
+
+
+@semantics("Unpack")
+def unpack(ctx):
+    """Output o is x[.., o, ..]; all outputs split jointly on their shared dims."""
+    x = ctx.inputs[0]
+    axis = normalize_axis(int(ctx.attr("axis", 0)), x.rank)
+    for o in range(len(ctx.output_shapes)):
+        ctx.compute_nd(lambda idx, o=o: x[idx[:axis] + (Const(o),) + idx[axis:]], output=o)
+
+
+# -- slices ---------------------------------------------------------------------------------
+
+
+def _slice_local(ctx, local):
+    """Local begin = where the part's share starts in the fetched region; size = share."""
+    begin = const_ints(ctx.sem, 1)
+    share, fetched = local.output_slices[0], local.input_slices[0]
+    local_begin = [b + s - a for b, (s, _), (a, _) in zip(begin, share, fetched)]
+    return replace(local, const_inputs={1: np.asarray(local_begin, dtype=np.int64),
+                                        2: np.asarray(_sizes(share), dtype=np.int64)})
+
+
+@semantics("Slice", localize=_slice_local)
+def slice_(ctx):
+    x = ctx.inputs[0]
+    begin = _ints(ctx, 1)
+    ctx.const(2)
+    ctx.compute_nd(lambda idx: x[tuple(_shifted(v, b) for v, b in zip(idx, begin))])
+
+
+MASKS = ("begin_mask", "end_mask", "ellipsis_mask", "new_axis_mask", "shrink_axis_mask")
+
+
+def _dim_entry(size, dim, begin, end, stride, bit, masks):
+    """One x dim of a strided slice, canonicalised as TensorFlow's ValidateStridedSliceOp."""
+    if masks["shrink_axis_mask"] & bit:
+        return ("shrink", dim, begin + size if begin < 0 else begin)
+    valid = (0, size) if stride > 0 else (-1, size - 1)
+
+    def canonical(x, masked, which):
+        if masked:
+            return valid[which] if stride > 0 else valid[1 - which]
+        x = x + size if x < 0 else x
+        return min(max(x, valid[0]), valid[1])
+    start = canonical(begin, masks["begin_mask"] & bit, 0)
+    length = canonical(end, masks["end_mask"] & bit, 1) - start
+    if length == 0 or (length < 0) != (stride < 0):
+        return ("range", dim, start, stride, 0)
+    return ("range", dim, start, stride, length // stride + (1 if length % stride else 0))
+
+
+def strided_spec(shape, begin, end, strides, attrs) -> list[tuple]:
+    """TensorFlow's dense slice spec, in output order: ("new",) a size-1 output dim,
+    ("shrink", dim, index) no output dim, ("range", dim, start, stride, size)."""
+    masks = {m: int(attrs.get(m) or 0) for m in MASKS}
+    begin, end, strides = list(begin), list(end), list(strides)
+    ellipsis = masks["ellipsis_mask"]
+    if not ellipsis:                      # an implicit ellipsis at the end
+        ellipsis = 1 << len(begin)
+        begin, end, strides = begin + [0], end + [0], strides + [1]
+    n, first = len(begin), (ellipsis & -ellipsis).bit_length() - 1
+    new_after = sum(1 for i in range(first + 1, n) if masks["new_axis_mask"] >> i & 1)
+    entries, dim = [], 0
+    for i in range(n):
+        bit = 1 << i
+        if ellipsis & bit:
+            stop = min(len(shape) - (n - i) + 1 + new_after, len(shape))
+            entries += [("range", d, 0, 1, shape[d]) for d in range(dim, stop)]
+            dim = max(dim, stop)
+        elif masks["new_axis_mask"] & bit:
+            entries.append(("new",))
+        else:
+            entries.append(_dim_entry(shape[dim], dim, begin[i], end[i], strides[i], bit, masks))
+            dim += 1
+    return entries
+
+
+def _spec(ctx, shape) -> list[tuple]:
+    return strided_spec(shape, _ints(ctx, 1), _ints(ctx, 2), _ints(ctx, 3), ctx.attrs)
+
+
+def _sem_spec(sem, shape) -> list[tuple]:
+    return strided_spec(shape, const_ints(sem, 1), const_ints(sem, 2), const_ints(sem, 3),
+                        sem.attrs)
+
+
+def _spec_shape(entries) -> tuple[int, ...]:
+    return tuple(1 if e[0] == "new" else e[4] for e in entries if e[0] != "shrink")
+
+
+def _local_range(first: int, stride: int, count: int) -> tuple[int, int, bool]:
+    """(begin, end, end masked) that take `count` elements from `first` by `stride`."""
+    if count == 0:
+        return 0, 0, False
+    end = first + stride * (count - 1) + (1 if stride > 0 else -1)
+    return first, max(end, 0), end < 0
+
+
+class _LocalSpec:
+    """A mask-free local strided-slice spec, built entry by entry."""
+
+    def __init__(self):
+        self.begin, self.end, self.strides = [], [], []
+        self.masks = dict.fromkeys(MASKS, 0)
+
+    def add(self, begin, end, stride, mask=None, end_masked=False):
+        bit = 1 << len(self.begin)
+        self.begin.append(begin), self.end.append(end), self.strides.append(stride)
+        if mask:
+            self.masks[mask] |= bit
+        if end_masked:
+            self.masks["end_mask"] |= bit
+
+    def apply(self, local, **changes):
+        consts = {**local.const_inputs,
+                  **{i + 1: np.asarray(v, dtype=np.int64)
+                     for i, v in enumerate((self.begin, self.end, self.strides))}}
+        return replace(local, attrs={**local.attrs, **self.masks}, const_inputs=consts,
+                       **changes)
+
+
+def _strided_slice_local(ctx, local):
+    """Rewrite the spec relative to the fetched region, without ellipsis or begin masks."""
+    entries = _sem_spec(ctx.sem, ctx.sem.input_shapes[0])
+    share, fetched = local.output_slices[0], local.input_slices[0]
+    spec, out = _LocalSpec(), iter(share)
+    for entry in entries:
+        if entry[0] == "new":
+            next(out)
+            spec.add(0, 1, 1, "new_axis_mask")
+        elif entry[0] == "shrink":
+            _, d, index = entry
+            spec.add(index - fetched[d][0], index - fetched[d][0] + 1, 1, "shrink_axis_mask")
+        else:
+            _, d, start, stride, _ = entry
+            first, stop = next(out)
+            b, e, masked = _local_range(start + stride * first - fetched[d][0], stride,
+                                        stop - first)
+            spec.add(b, e, stride, end_masked=masked)
+    return spec.apply(local)
+
+
+@semantics("StridedSlice", localize=_strided_slice_local)
+def strided_slice(ctx):
+    """y[i] = x[start + stride * i] per sliced dim, a fixed index on shrunk dims."""
+    x = ctx.inputs[0]
+    entries = _spec(ctx, x.shape)
+    if _spec_shape(entries) != ctx.output_shapes[0]:
+        ctx.fail(f"the slice spec gives shape {list(_spec_shape(entries))}, TensorFlow "
+                 f"{list(ctx.output_shapes[0])}.")
+
+    def body(idx):
+        out, index = iter(idx), [None] * x.rank
+        for entry in entries:
+            if entry[0] == "new":
+                next(out)
+            elif entry[0] == "shrink":
+                index[entry[1]] = Const(entry[2])
+            else:
+                index[entry[1]] = _shifted(next(out), entry[2], entry[3])
+        return x[tuple(index)]
+    ctx.compute_nd(body)
+
+
+def _grid_in(start, stride, count, lo, stop) -> tuple[int, int]:
+    """Half-open [t0, t1) of the t in [0, count) with lo <= start + stride*t < stop."""
+    if stride > 0:
+        t0, t1 = -(-(lo - start) // stride), (stop - 1 - start) // stride + 1
+    else:
+        t0, t1 = -(-(start - stop + 1) // -stride), (start - lo) // -stride + 1
+    t0, t1 = max(t0, 0), min(t1, count)
+    return t0, max(t0, t1)
+
+
+def _strided_slice_grad_local(ctx, local):
+    """The part's shape and a spec over the grid points inside it; dy narrowed to them. A
+    shrunk index outside the part writes to one extra slot that the crop drops."""
+    shape = const_ints(ctx.sem, 0)
+    share = local.output_slices[0]
+    local_shape = _sizes(share)
+    dy_slices = list(local.input_slices[4])
+    spec, dy_dim = _LocalSpec(), 0
+    for entry in _sem_spec(ctx.sem, shape):
+        if entry[0] == "new":
+            spec.add(0, 1, 1, "new_axis_mask")
+        elif entry[0] == "shrink":
+            _, d, index = entry
+            position = index - share[d][0]
+            if not 0 <= position < share[d][1] - share[d][0]:
+                position = share[d][1] - share[d][0]        # one slot past the share
+                local_shape[d] = position + 1
+            spec.add(position, position + 1, 1, "shrink_axis_mask")
+            continue
+        else:
+            _, d, start, stride, count = entry
+            t0, t1 = _grid_in(start, stride, count, *share[d])
+            dy_slices[dy_dim] = (t0, t1)
+            b, e, masked = _local_range(start + stride * t0 - share[d][0], stride, t1 - t0)
+            spec.add(b, e, stride, end_masked=masked)
+        dy_dim += 1
+    crop = _crop([(0, b - a) for a, b in share], local_shape)
+    local = replace(local, const_inputs={0: np.asarray(local_shape, dtype=np.int64)},
+                    input_slices=_set(local.input_slices, 4, tuple(dy_slices)))
+    return spec.apply(local, output_crops=(crop,))
+
+
+@semantics("StridedSliceGrad", localize=_strided_slice_grad_local)
+def strided_slice_grad(ctx):
+    """dx[i] = dy[t] where i = start + stride * t on every sliced dim (and i is the index on
+    shrunk dims), else 0: a part reads the dy rows whose grid points fall inside it."""
+    shape = _ints(ctx, 0)
+    dy = ctx.inputs[4]
+    entries = _spec(ctx, shape)
+
+    def body(idx):
+        index, conds = [], []
+        for entry in entries:
+            if entry[0] == "new":
+                index.append(Const(0))
+            elif entry[0] == "shrink":
+                conds.append(Eq(idx[entry[1]], entry[2]))
+            else:
+                _, d, start, stride, count = entry
+                offset = _shifted(idx[d], -start) if stride > 0 else start - idx[d]
+                step = abs(stride)
+                index.append(offset if step == 1 else offset // step)
+                conds += [offset >= 0, offset < step * (count - 1) + 1]
+                if step > 1:
+                    conds.append(Eq(offset % step, 0))
+        value = dy[tuple(index)]
+        for cond in conds:
+            value = where(cond, value, 0)
+        return value
+    ctx.compute_nd(body)
+
+
+# -- padding --------------------------------------------------------------------------------
+
+
+def _pad_local(ctx, local):
+    """Local paddings: the part of the share before and after the fetched x region."""
+    paddings = np.asarray(ctx.sem.constants[1]).reshape(-1, 2)
+    local_pads = []
+    for (start, stop), (a, b), before in zip(local.output_slices[0], local.input_slices[0],
+                                             paddings[:, 0]):
+        lead = a + int(before) - start if b > a else stop - start
+        local_pads.append((lead, stop - start - lead - (b - a)))
+    return replace(local, const_inputs={**local.const_inputs,
+                                        1: np.asarray(local_pads, dtype=np.int64)})
+
+
+def _pad(ctx, fill) -> None:
+    """y[i] = x[i - before] where that is inside x, else the fill."""
+    x = ctx.inputs[0]
+    paddings = np.asarray(ctx.const(1)).reshape(-1, 2).tolist()
+
+    def body(idx):
+        index, conds = [], []
+        for d, (before, after) in enumerate(paddings):
+            j = _shifted(idx[d], -before)
+            index.append(j)
+            conds += ([j >= 0] if before else []) + ([j < x.shape[d]] if after else [])
+        value = x[tuple(index)]
+        for cond in conds:
+            value = where(cond, value, fill)
+        return value
+    ctx.compute_nd(body)
+
+
+@semantics("Pad", localize=_pad_local)
+def pad(ctx):
+    _pad(ctx, 0)
+
+
+@semantics("PadV2", localize=_pad_local)
+def pad_v2(ctx):
+    _pad(ctx, ctx.inputs[2][()])
+
+
+def _mirror(j, size: int, symmetric: bool):
+    """The reflected source index of j (REFLECT skips the edge row, SYMMETRIC repeats it)."""
+    e = int(symmetric)
+    return Minimum(Maximum(j, -j - e), 2 * size - 2 + e - j)
+
+
+def mirror_window(start, stop, before, size, symmetric):
+    """For a share [start, stop) of a mirror-padded dim: the x rows [a, b) it needs, the
+    local (before, after) paddings, and the crop of the local result."""
+    t = np.arange(start, stop) - before
+    e = int(symmetric)
+    source = np.minimum(np.maximum(t, -t - e), 2 * size - 2 + e - t)
+    touches_before, touches_after = start < before, stop > before + size
+    a = 0 if touches_before else int(source.min())
+    b = size if touches_after else int(source.max()) + 1
+    lead = before - start if touches_before else 0
+    trail = stop - before - size if touches_after else 0
+    origin = before + a - lead              # global row of local row 0
+    return (a, b), (lead, trail), (start - origin, stop - origin)
+
+
+def _mirror_pad_local(ctx, local):
+    """Fetch just the rows the share reflects or copies; pad locally only at the edges the
+    share touches (a halo the intervals cannot express: |j| is not affine)."""
+    paddings = np.asarray(ctx.sem.constants[1]).reshape(-1, 2)
+    symmetric = str(ctx.sem.attrs.get("mode", "REFLECT")).upper() == "SYMMETRIC"
+    slices, local_pads, crops, local_y = [], [], [], []
+    for (start, stop), (before, _), size in zip(local.output_slices[0], paddings,
+                                                ctx.sem.input_shapes[0]):
+        rows, pads, crop = mirror_window(start, stop, int(before), size, symmetric)
+        slices.append(rows), local_pads.append(pads), crops.append(crop)
+        local_y.append(rows[1] - rows[0] + sum(pads))
+    return replace(local, input_slices=_set(local.input_slices, 0, tuple(slices)),
+                   const_inputs={1: np.asarray(local_pads, dtype=np.int64)},
+                   output_crops=(_crop(crops, local_y),))
+
+
+@semantics("MirrorPad", localize=_mirror_pad_local)
+def mirror_pad(ctx):
+    """y[i] = x[m(i - before)], m the reflection at both edges (min/max of affine forms)."""
+    x = ctx.inputs[0]
+    paddings = np.asarray(ctx.const(1)).reshape(-1, 2).tolist()
+    symmetric = str(ctx.attr("mode", "REFLECT")).upper() == "SYMMETRIC"
+    ctx.compute_nd(lambda idx: x[tuple(
+        _mirror(_shifted(v, -before), x.shape[d], symmetric) if before or after else v
+        for d, (v, (before, after)) in enumerate(zip(idx, paddings)))])
+
+
+# -- generated tensors ----------------------------------------------------------------------
+
+
+@semantics("Fill", localize=shape_const_hook(0))
+def fill(ctx):
+    ctx.const(0)
+    value = ctx.inputs[1]
+    ctx.compute_nd(lambda idx: value[()])
+
+
+def _range_local(ctx, local):
+    """The part's elements: start + first*delta on, as many as its share."""
+    start, delta = (np.asarray(ctx.sem.constants[i]).item() for i in (0, 2))
+    first, stop = local.output_slices[0][0]
+    count = stop - first
+    local_start = start + first * delta
+    exact = np.asarray(ctx.sem.constants[0]).dtype.kind in "iu"
+    limit = local_start + (count if exact else count - 0.5) * delta
+    return replace(local, const_inputs={0: np.asarray(local_start), 1: np.asarray(limit),
+                                        2: np.asarray(delta)})
+
+
+@semantics("Range", localize=_range_local)
+def range_(ctx):
+    """y[i] = start + i * delta: no data input, every part makes its own share."""
+    for i in range(3):
+        ctx.const(i)
+    ctx.compute(lambda i: Fn("range", i))
+
+
+def _one_hot_local(ctx, local):
+    """A split of the class axis: local depth up to the part's last class, then crop
+    (indices beyond the local depth give all-off rows, as beyond the real depth)."""
+    axis = normalize_axis(int(ctx.sem.attrs.get("axis", -1)), len(ctx.sem.output_shapes[0]))
+    if _split_dim(ctx) != axis:
+        return local
+    share = local.output_slices[0]
+    local_y = _set(_sizes(share), axis, share[axis][1])
+    return replace(local, const_inputs={1: np.asarray(share[axis][1])},
+                   output_crops=(_crop(_set([(0, n) for n in local_y], axis, share[axis]),
+                                       local_y),))
+
+
+@semantics("OneHot", localize=_one_hot_local)
+def one_hot(ctx):
+    indices, _, on, off = ctx.inputs
+    ctx.const(1)
+    axis = normalize_axis(int(ctx.attr("axis", -1)), indices.rank + 1)
+    ctx.compute_nd(lambda idx: where(Eq(indices[idx[:axis] + idx[axis + 1:]], idx[axis]),
+                                     on[()], off[()]))
+
+
+def _cumsum_local(ctx, local):
+    """A part reads the prefix (suffix when reversed) of the scan axis up to its share, less
+    the element an exclusive scan skips; zero-pad that to span [0, stop) ([start, n)
+    reversed) and keep the share's positions."""
+    x_shape = ctx.sem.input_shapes[0]
+    axis = normalize_axis(const_ints(ctx.sem, 1)[0], len(x_shape))
+    start, stop = local.output_slices[0][axis]
+    low, high = (start, x_shape[axis]) if ctx.sem.attrs.get("reverse") else (0, stop)
+    a, b = local.input_slices[0][axis]
+    pads = _set(local.input_pads[0], axis, (a - low, high - b))
+    local_y = _set(_sizes(local.output_slices[0]), axis, high - low)
+    crop = _set([(0, n) for n in local_y], axis, (start - low, stop - low))
+    return replace(local, input_pads=_set(local.input_pads, 0, pads),
+                   output_crops=(_crop(crop, local_y),))
+
+
+@semantics("Cumsum", localize=_cumsum_local)
+def cumsum(ctx):
+    """y[i] = sum_r x[i - r] (x[i + r] reversed; one further when exclusive), r >= 0 within
+    x: a part of the scan axis reads its prefix. The offset r does not split: no single
+    local Cumsum yields a window of offsets."""
+    x = ctx.inputs[0]
+    axis = normalize_axis(_ints(ctx, 1)[0], x.rank)
+    reverse, shift = bool(ctx.attr("reverse")), int(bool(ctx.attr("exclusive")))
+    size = x.shape[axis]
+
+    def term(idx, r):
+        j = idx[axis] + r + shift if reverse else idx[axis] - r - shift
+        inside = j < size if reverse else j >= 0
+        return where(inside, x[idx[:axis] + (j,) + idx[axis + 1:]], 0)
+    ctx.compute_nd(lambda idx: Sum(lambda r: term(idx, r), extents=(max(size, 1),)))
+    ctx.unsplittable("r", "a part of the scan offsets is a window sum, which no single "
+                          "local Cumsum computes; the scan axis itself splits")
+
+
+# -- shape queries --------------------------------------------------------------------------
+
+
+def shape_query(ctx):
+    """The output depends on the input's static shape only: the input is never read."""
+    for o in range(len(ctx.output_shapes)):
+        prefix = "d" if len(ctx.output_shapes) == 1 else f"o{o}_d"
+        ctx.compute_nd(lambda idx: Fn("shape_of", *idx), output=o, prefix=prefix)
+
+
+semantics("Shape", "ShapeN", "Size", "Rank", localize=crop_split_outputs)(shape_query)
+
+opaque("InvertPermutation",
+       reason="y[x[i]] = i scatters to data-dependent positions; a few integers")
+opaque("BroadcastArgs", "BroadcastGradientArgs",
+       reason="shape arithmetic on a few integers (BroadcastGradientArgs' output length "
+              "depends on the values)")
+opaque("Where", reason="the number of output rows depends on the values")

@@ -1,0 +1,30 @@
+"""Samples for ops/gather.py: gathers on every axis kind, with batch dims, and segment
+reductions over one and two id dims (ids include out-of-order and repeated segments)."""
+
+import tensorflow as tf
+
+from tofu_tf.op_semantics.samples import arg, sample, variable
+
+sample("GatherV2", "axis 0", lambda p, i: tf.gather(p, i), arg((7, 5)),
+       arg((6,), "int32", high=7))
+sample("GatherV2", "axis 1, rank-2 indices", lambda p, i: tf.gather(p, i, axis=1),
+       arg((3, 7, 5)), arg((2, 4), "int32", high=7))
+sample("GatherV2", "batch dims 1", lambda p, i: tf.gather(p, i, axis=1, batch_dims=1),
+       arg((3, 7, 5)), arg((3, 4), "int32", high=7))
+sample("Gather", "v1", lambda p, i: tf.raw_ops.Gather(params=p, indices=i), arg((7, 5)),
+       arg((6,), "int32", high=7))
+sample("ResourceGather", "embedding",
+       lambda v, i: tf.raw_ops.ResourceGather(resource=v.handle, indices=i, dtype=tf.float32),
+       variable((9, 5)), arg((4, 3), "int32", high=9))
+sample("GatherNd", "pairs", lambda p, i: tf.gather_nd(p, i), arg((7, 6, 5)),
+       arg((4, 2), "int32", high=6))
+sample("GatherNd", "batch dims 1", lambda p, i: tf.gather_nd(p, i, batch_dims=1),
+       arg((3, 7, 5)), arg((3, 4, 1), "int32", high=7))
+for op_type in ("UnsortedSegmentSum", "UnsortedSegmentMax", "UnsortedSegmentMin",
+                "UnsortedSegmentProd"):
+    fn = getattr(tf.raw_ops, op_type)
+    sample(op_type, "rows", lambda d, i, fn=fn: fn(data=d, segment_ids=i, num_segments=5),
+           arg((7, 3)), arg((7,), "int32", high=5))
+sample("UnsortedSegmentSum", "two id dims",
+       lambda d, i: tf.math.unsorted_segment_sum(d, i, 6), arg((3, 4, 2)),
+       arg((3, 4), "int32", high=6))
