@@ -451,3 +451,25 @@ def test_resnet50_training_step_imports_fast():
     assert all(op.role is Role.FORWARD for op in convs)
     filter_grads = [op for op in graph if op.type == "Conv2DBackpropFilter"]
     assert {op.forward_op for op in filter_grads} == {op.name for op in convs}
+
+
+def test_fused_batch_norm_scratch_output_imports():
+    """FusedBatchNormV3's reserve space has no static shape; it carries no step data."""
+    scale, offset = tf.Variable(tf.ones([4])), tf.Variable(tf.zeros([4]))
+    kernel = tf.Variable(tf.ones([3, 3, 3, 4]))
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            y = tf.nn.conv2d(x, kernel, 1, "SAME")
+            y, _, _ = tf.compat.v1.nn.fused_batch_norm(y, scale, offset, is_training=True)
+            loss = tf.reduce_sum(y * y)
+        for v, g in zip([kernel, scale, offset], tape.gradient(loss, [kernel, scale, offset])):
+            v.assign_sub(0.1 * g)
+        return loss
+
+    graph = import_concrete_function(step.get_concrete_function(tf.TensorSpec([2, 5, 5, 3]))).graph
+    (bn,) = [op for op in graph if op.type == "FusedBatchNormV3"]
+    assert graph.tensor(bn.outputs[5]).shape == (0,)
+    assert graph.tensor(bn.outputs[0]).shape == (2, 5, 5, 4)
+    assert "FusedBatchNormGradV3" in graph.op_types()

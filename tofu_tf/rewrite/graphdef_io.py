@@ -276,6 +276,25 @@ def _check_static(node: NodeRecord, outputs: list[tuple[Shape, str]]) -> None:
                                 op_type=node.type, fix=_shape_fix(node, shape, dtype))
 
 
+# Outputs TensorFlow leaves without a static shape that carry no data the step needs:
+# scratch space a kernel hands to its gradient kernel. Op type -> output indices.
+SCRATCH_OUTPUTS = {"FusedBatchNormV3": (5,)}
+
+
+def _scratch_outputs_empty(graph_def: graph_pb2.GraphDef,
+                           shapes: Mapping[str, list[tuple[Shape, str]]]
+                           ) -> dict[str, list[tuple[Shape, str]]]:
+    """Give scratch outputs of unknown shape the empty shape (0,) instead of refusing."""
+    out = dict(shapes)
+    for node in graph_def.node:
+        for index in SCRATCH_OUTPUTS.get(node.op, ()):
+            shape, dtype = out[node.name][index]
+            if shape is None or -1 in shape:
+                out[node.name] = list(out[node.name])
+                out[node.name][index] = ((0,), dtype)
+    return out
+
+
 def _shape_fix(node: NodeRecord, shape: Shape, dtype: str) -> str:
     if node.type in ("Placeholder", "PlaceholderWithDefault"):
         dims = [8, 224, 224, 3] if shape is None else [d if d >= 0 else 8 for d in shape]
@@ -291,6 +310,7 @@ def _build_graph(graph_def: graph_pb2.GraphDef, shapes: Mapping[str, list[tuple[
                  fetches: Sequence[str]) -> Graph:
     nodes = {node.name: node for node in graph_def.node}
     order = topological_order([_record(node) for node in graph_def.node])
+    shapes = _scratch_outputs_empty(graph_def, shapes)
     for record in order:
         _check_static(record, shapes[record.name])
     specs = {r.name: _variable_spec(nodes[r.name]) for r in order if r.type == "VarHandleOp"}
