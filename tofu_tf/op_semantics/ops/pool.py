@@ -1,4 +1,4 @@
-"""Pooling: MaxPool (V1, V2), AvgPool, and their gradients MaxPoolGrad, AvgPoolGrad.
+"""Pooling: MaxPool, AvgPool and their gradients (MaxPool and its gradient also as V2).
 
 Per spatial dim, output o pools input o*s + k - p over taps k (stride s, padding p):
 
@@ -35,12 +35,17 @@ ARGMAX_REASON = ("the kernel routes each window's gradient to the window's first
 # -- geometry --------------------------------------------------------------------------
 
 
+# The V2 ops take ksize and strides as constant inputs: their indices.
+WINDOW_INPUTS = {"MaxPoolV2": (1, 2), "MaxPoolGradV2": (3, 4)}
+
+
 def _pool_attrs(ctx) -> dict:
-    """Attrs with ksize and strides, read from constant inputs 1 and 2 for the V2 ops."""
-    if not ctx.type.endswith("V2"):
+    """Attrs with ksize and strides (read from the constant inputs of the V2 ops)."""
+    if ctx.type not in WINDOW_INPUTS:
         return ctx.attrs
-    return {**ctx.attrs, "ksize": tuple(int(v) for v in ctx.const(1)),
-            "strides": tuple(int(v) for v in ctx.const(2))}
+    ksize, strides = (ctx.const(i) for i in WINDOW_INPUTS[ctx.type])
+    return {**ctx.attrs, "ksize": tuple(int(v) for v in ksize),
+            "strides": tuple(int(v) for v in strides)}
 
 
 def _kernel(attrs, layout: Layout) -> tuple[int, ...]:
@@ -60,9 +65,12 @@ def _axes(ctx, attrs, layout, in_shape, out_shape):
 
 
 def _hook_axes(sem, in_shape, out_shape):
-    layout = layout_from(sem.attrs, len(in_shape))
-    return layout, window_axes(sem.attrs, layout, in_shape, out_shape,
-                               _kernel(sem.attrs, layout))
+    attrs = dict(sem.attrs)
+    if sem.op_type in WINDOW_INPUTS:
+        ksize, strides = (sem.constants[i] for i in WINDOW_INPUTS[sem.op_type])
+        attrs.update(ksize=tuple(int(v) for v in ksize), strides=tuple(int(v) for v in strides))
+    layout = layout_from(attrs, len(in_shape))
+    return layout, window_axes(attrs, layout, in_shape, out_shape, _kernel(attrs, layout))
 
 
 def _padded(axes) -> bool:
@@ -140,33 +148,38 @@ def max_pool(ctx):
 
 
 def _max_pool_grad_local(ctx, local):
-    """Fetch x for exactly the windows of the part's dy rows, run VALID, crop."""
+    """Fetch x for exactly the windows of the part's dy rows, run VALID, crop.
+
+    Rows past the last window (a stride longer than the window leaves gaps) get no
+    gradient; they arrive as -inf padding so the local op still spans the part.
+    """
     sem = ctx.sem
-    x_shape = sem.input_shapes[0]
-    layout, axes = _hook_axes(sem, x_shape, sem.input_shapes[2])
+    layout, axes = _hook_axes(sem, sem.input_shapes[0], sem.input_shapes[2])
     slices, pads = list(local.input_slices[0]), list(local.input_pads[0])
-    crop = [(0, b - a) for a, b in local.output_slices[0]]
+    out = local.output_slices[0]
+    crop = [(0, b - a) for a, b in out]
     for axis, dim in zip(axes, layout.spatial):
         first, stop = ctx.requested[2][dim]
+        length, crop[dim] = transposed_window(axis, out[dim][0], out[dim][1] - 1, first,
+                                              stop - 1, 0, axis.kernel)
         start = first * axis.stride - axis.pad
-        end = (stop - 1) * axis.stride + axis.kernel - axis.pad
-        slices[dim] = (max(start, 0), min(end, axis.size))
-        pads[dim] = (slices[dim][0] - start, end - slices[dim][1])
-        lo, hi = local.output_slices[0][dim]
-        crop[dim] = (lo - start, hi - start)
+        windows_end = (stop - 1) * axis.stride + axis.kernel - axis.pad
+        begin = min(max(start, 0), axis.size)
+        slices[dim] = (begin, max(min(windows_end, axis.size), begin))
+        pads[dim] = (slices[dim][0] - start, start + length - slices[dim][1])
     return replace(local, attrs=valid_attrs(local.attrs),
                    input_slices=(tuple(slices), *local.input_slices[1:]),
                    input_pads=(tuple(pads), *local.input_pads[1:]),
                    output_crops=(tuple(crop),))
 
 
-@semantics("MaxPoolGrad", localize=_max_pool_grad_local)
+@semantics("MaxPoolGrad", "MaxPoolGradV2", localize=_max_pool_grad_local)
 def max_pool_grad(ctx):
-    """dx[n, i.., c] = Sum(k..: dy[n, o.., c] where o = (i + p - k) / s and tap k of o's
-    window is its first maximum) -- which reads o's whole window of x, and y[o]."""
-    x, y, dy = ctx.inputs
+    """dx[n, i.., c] = Sum(k..: dy[n, o.., c] where o = (i + p - k) / s and tap k is the
+    first maximum y[n, o.., c] of o's window) -- which reads o's whole window."""
+    x, y, dy = ctx.inputs[:3]
     layout = layout_of(ctx, x.rank)
-    axes = _axes(ctx, ctx.attrs, layout, x.shape, dy.shape)
+    axes = _axes(ctx, _pool_attrs(ctx), layout, x.shape, dy.shape)
     xp, yp, dyp = x.padded(-np.inf), y.padded(-np.inf), dy.padded(0)
     kernel = [a.kernel for a in axes]
 

@@ -85,6 +85,14 @@ for label, x, k, s, pad, ex in MAX:
 sample("MaxPoolV2", "3x3 s2 SAME",
        lambda a, k, s: R.MaxPoolV2(input=a, ksize=k, strides=s, padding="SAME"),
        arg((2, 11, 9, 3)), const([1, 3, 3, 1], "int32"), const([1, 2, 2, 1], "int32"))
+for label, k, s, pad in (("3x3 s2 SAME", 3, 2, "SAME"), ("2x2 s2 VALID", 2, 2, "VALID")):
+    x = (2, 11, 9, 3)
+    sample("MaxPoolGradV2", label,
+           lambda a, g, k_, s_, pad=pad: R.MaxPoolGradV2(
+               orig_input=a, orig_output=R.MaxPoolV2(input=a, ksize=k_, strides=s_, padding=pad),
+               grad=g, ksize=k_, strides=s_, padding=pad),
+           arg(x), arg(_out_shape(x, k, s, pad)), const(_window(k), "int32"),
+           const(_window(s), "int32"))
 sample("MaxPoolV2", "2x2 s2 VALID",
        lambda a, k, s: R.MaxPoolV2(input=a, ksize=k, strides=s, padding="VALID"),
        arg((2, 9, 11, 3)), const([1, 2, 2, 1], "int32"), const([1, 2, 2, 1], "int32"))
