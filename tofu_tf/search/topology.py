@@ -1,0 +1,118 @@
+"""Device topologies: a sequence of levels, each splitting every group k ways.
+
+A Topology of levels (k1, b1), (k2, b2), ... has k1*k2*... devices. Level 1 is the
+outermost cut: it splits all devices into k1 groups and its transfers cross the slowest
+links (bandwidth b1, latency a1); level 2 splits each group k2 ways, and so on. A device
+is numbered row-major by its coordinates (p1, p2, ...), p1 most significant, so the
+devices of one level-1 group are contiguous.
+
+`Topology.default(n)` factorises n into primes (largest first: the first cut, which
+moves the least data in a recursive plan, gets the largest fan-out) on one uniform
+machine; `Topology.parse("2x4")` reads an explicit shape, optionally with bandwidths
+(`"2@12.5e9x4@300e9"`, bytes/s).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tofu_tf.errors import PlanInfeasibleError
+
+# Default link figures for levels that do not state them (one host, PCIe 3.0 x16):
+DEFAULT_BANDWIDTH = 12.0e9     # bytes per second
+DEFAULT_LATENCY = 10.0e-6      # seconds per transfer
+
+
+@dataclass(frozen=True)
+class Level:
+    """One cut of the device hierarchy."""
+    ways: int
+    bandwidth: float = DEFAULT_BANDWIDTH     # bytes per second across this level's links
+    latency: float = DEFAULT_LATENCY         # seconds per collective or transfer
+    name: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.ways}" + (f"({self.name})" if self.name else "")
+
+
+def prime_factors(n: int) -> list[int]:
+    factors, p = [], 2
+    while p * p <= n:
+        while n % p == 0:
+            factors.append(p)
+            n //= p
+        p += 1
+    if n > 1:
+        factors.append(n)
+    return factors
+
+
+@dataclass(frozen=True)
+class Topology:
+    levels: tuple[Level, ...]
+
+    def __post_init__(self):
+        if not self.levels or any(level.ways < 2 for level in self.levels):
+            raise PlanInfeasibleError(
+                f"a topology needs at least one level and every level at least 2 ways, "
+                f"got {[lvl.ways for lvl in self.levels]}.",
+                fix="use Topology.default(n) for n >= 2 devices.")
+
+    @staticmethod
+    def default(num_devices: int, bandwidth: float = DEFAULT_BANDWIDTH,
+                latency: float = DEFAULT_LATENCY) -> "Topology":
+        if not isinstance(num_devices, int) or num_devices < 2:
+            raise PlanInfeasibleError(
+                f"num_devices={num_devices!r}: partitioning needs at least 2 devices.",
+                fix="pass num_devices >= 2 (with 1 device, run the graph unchanged).")
+        ways = sorted(prime_factors(num_devices), reverse=True)
+        return Topology(tuple(Level(k, bandwidth, latency) for k in ways))
+
+    @staticmethod
+    def parse(text: str) -> "Topology":
+        """'2x4' or '2@12e9x4@300e9' (ways@bandwidth per level, outermost first)."""
+        levels = []
+        for item in text.lower().replace(" ", "").split("x"):
+            ways, _, bandwidth = item.partition("@")
+            try:
+                levels.append(Level(int(ways), float(bandwidth) if bandwidth
+                                    else DEFAULT_BANDWIDTH))
+            except ValueError:
+                raise PlanInfeasibleError(f"cannot read topology '{text}'.",
+                                          fix="write levels as WAYS[@BYTES_PER_S] joined "
+                                              "by 'x', e.g. '2x4' or '2@12e9x4@300e9'.") from None
+        return Topology(tuple(levels))
+
+    @property
+    def num_devices(self) -> int:
+        return math.prod(level.ways for level in self.levels)
+
+    @property
+    def ways(self) -> tuple[int, ...]:
+        return tuple(level.ways for level in self.levels)
+
+    def coordinates(self, device: int) -> tuple[int, ...]:
+        """(p1, p2, ...) of a device index, p1 most significant."""
+        coords = []
+        for ways in reversed(self.ways):
+            device, p = divmod(device, ways)
+            coords.append(p)
+        return tuple(reversed(coords))
+
+    def device(self, coordinates: tuple[int, ...]) -> int:
+        index = 0
+        for p, ways in zip(coordinates, self.ways):
+            index = index * ways + p
+        return index
+
+    def common_level(self, a: int, b: int) -> int:
+        """The level whose links a transfer between devices a and b crosses (0-based):
+        the first level at which their coordinates differ."""
+        for level, (pa, pb) in enumerate(zip(self.coordinates(a), self.coordinates(b))):
+            if pa != pb:
+                return level
+        return len(self.levels)
+
+    def __str__(self) -> str:
+        return "x".join(str(level) for level in self.levels)
