@@ -12,7 +12,7 @@ and keeps its own: the kernel rejects ids beyond num_segments, so it cannot be n
 from __future__ import annotations
 
 from tofu_tf.op_semantics.helpers import normalize_axis
-from tofu_tf.op_semantics.ops.shape import crop_split_outputs
+from tofu_tf.op_semantics.ops.shape import crop_split_outputs, split_dim
 from tofu_tf.op_semantics.registry import semantics
 from tofu_tf.op_semantics.tdl import Const, Eq, ReduceN, where
 
@@ -71,9 +71,7 @@ IDENTITY = {"sum": 0, "prod": 1, "max": float("-inf"), "min": float("inf")}
 
 def _segment_local(ctx, local):
     """A split of the segments: each part computes every segment and keeps its own."""
-    return crop_split_outputs(ctx, local) if any(
-        s.kind == "split" and s.dim == 0 for s in (ctx.strategy.outputs if ctx.strategy
-                                                   else ())) else local
+    return crop_split_outputs(ctx, local) if split_dim(ctx) == 0 else local
 
 
 @semantics(*SEGMENT_REDUCERS, localize=_segment_local)

@@ -61,7 +61,7 @@ def _crop(crop, local_shape):
     return None if crop == tuple((0, int(n)) for n in local_shape) else crop
 
 
-def _split_dim(ctx, output: int = 0):
+def split_dim(ctx, output: int = 0):
     """The output dim the strategy splits, or None (replicated, partial, or unsplit)."""
     if ctx.strategy is None or ctx.strategy.outputs[output].kind != "split":
         return None
@@ -76,7 +76,7 @@ def _shifted(var, offset: int, stride: int = 1):
 
 def crop_split_outputs(ctx, local):
     """Hook: the local op computes each split output whole; keep the part's share."""
-    crops = tuple(local.output_slices[o] if _split_dim(ctx, o) is not None else crop
+    crops = tuple(local.output_slices[o] if split_dim(ctx, o) is not None else crop
                   for o, crop in enumerate(local.output_crops))
     return replace(local, output_crops=crops)
 
@@ -141,7 +141,7 @@ def _reshape_local(ctx, local):
     the group's x dims to their full extent (the region is nearly whole anyway)."""
     sem = ctx.sem
     x_shape, y_shape = sem.input_shapes[0], sem.output_shapes[0]
-    dim = _split_dim(ctx)
+    dim = split_dim(ctx)
     if dim is None or 0 in x_shape:
         return replace(local, const_inputs={1: np.asarray(y_shape, dtype=np.int64)})
     gx, gy = next(g for g in reshape_groups(x_shape, y_shape) if dim in g[1])
@@ -254,7 +254,7 @@ def _tile_local(ctx, local):
     """A part within one tile reads just its slice (multiple 1); a part across tiles tiles
     the whole dim over the tiles it touches and crops."""
     multiples = const_ints(ctx.sem, 1)
-    dim = _split_dim(ctx)
+    dim = split_dim(ctx)
     size = ctx.sem.input_shapes[0][dim] if dim is not None else 0
     if dim is None or multiples[dim] == 1 or size == 0:
         return local
@@ -335,7 +335,7 @@ def _split_local(ctx, local, x_input: int, axis: int):
     """Axis split of equal pieces: the region [lo, (n-1)*size + hi] is zero-padded to
     n*size so that each local piece starts at the part's first row; crop every piece.
     Axis split of one unequal piece: pad to the whole axis, crop that piece."""
-    split = [o for o in range(len(local.output_slices)) if _split_dim(ctx, o) == axis]
+    split = [o for o in range(len(local.output_slices)) if split_dim(ctx, o) == axis]
     if not split:
         return local
     (a, b), extent = local.input_slices[x_input][axis], ctx.sem.input_shapes[x_input][axis]
@@ -382,7 +382,7 @@ def split_v(ctx):
 def _pack_local(ctx, local):
     """A split of the stacking axis: every part stacks all inputs and keeps its rows."""
     axis = normalize_axis(int(ctx.sem.attrs.get("axis", 0)), len(ctx.sem.output_shapes[0]))
-    return crop_split_outputs(ctx, local) if _split_dim(ctx) == axis else local
+    return crop_split_outputs(ctx, local) if split_dim(ctx) == axis else local
 
 
 @semantics("Pack", localize=_pack_local)
@@ -760,7 +760,7 @@ def _one_hot_local(ctx, local):
     """A split of the class axis: local depth up to the part's last class, then crop
     (indices beyond the local depth give all-off rows, as beyond the real depth)."""
     axis = normalize_axis(int(ctx.sem.attrs.get("axis", -1)), len(ctx.sem.output_shapes[0]))
-    if _split_dim(ctx) != axis:
+    if split_dim(ctx) != axis:
         return local
     share = local.output_slices[0]
     local_y = _set(_sizes(share), axis, share[axis][1])

@@ -11,6 +11,9 @@ sample("GatherV2", "axis 1, rank-2 indices", lambda p, i: tf.gather(p, i, axis=1
        arg((3, 7, 5)), arg((2, 4), "int32", high=7))
 sample("GatherV2", "batch dims 1", lambda p, i: tf.gather(p, i, axis=1, batch_dims=1),
        arg((3, 7, 5)), arg((3, 4), "int32", high=7))
+sample("GatherV2", "axis 2, batch dims 1",
+       lambda p, i: tf.gather(p, i, axis=2, batch_dims=1), arg((3, 4, 7, 5)),
+       arg((3, 2), "int32", high=7))
 sample("Gather", "v1", lambda p, i: tf.raw_ops.Gather(params=p, indices=i), arg((7, 5)),
        arg((6,), "int32", high=7))
 sample("ResourceGather", "embedding",
