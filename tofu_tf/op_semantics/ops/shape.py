@@ -74,6 +74,12 @@ def _shifted(var, offset: int, stride: int = 1):
     return term if offset == 0 else term + offset
 
 
+def _zero_padded(local, index: int, pads) -> dict:
+    """replace() changes that pad input `index` with zeros (what the crop drops)."""
+    return dict(input_pads=_set(local.input_pads, index, tuple(pads)),
+                input_fills=_set(local.input_fills, index, 0.0))
+
+
 def crop_split_outputs(ctx, local):
     """Hook: the local op computes each split output whole; keep the part's share."""
     crops = tuple(local.output_slices[o] if split_dim(ctx, o) is not None else crop
@@ -163,7 +169,7 @@ def _reshape_local(ctx, local):
         crop[dim] = (share[dim][0] - offset, share[dim][1] - offset)
     else:
         crop[dim] = share[dim]
-    return replace(local, input_pads=_set(local.input_pads, 0, tuple(pads)),
+    return replace(local, **_zero_padded(local, 0, pads),
                    const_inputs={1: np.asarray(local_y, dtype=np.int64)},
                    output_crops=(_crop(crop, local_y),))
 
@@ -352,8 +358,7 @@ def _split_local(ctx, local, x_input: int, axis: int):
         for o in split:
             crops[o] = local.output_slices[o]
     pads = _set(local.input_pads[x_input], axis, pad)
-    return replace(local, input_pads=_set(local.input_pads, x_input, pads),
-                   output_crops=tuple(crops))
+    return replace(local, **_zero_padded(local, x_input, pads), output_crops=tuple(crops))
 
 
 def _split_hook(ctx, local):
@@ -790,7 +795,7 @@ def _cumsum_local(ctx, local):
     pads = _set(local.input_pads[0], axis, (a - low, high - b))
     local_y = _set(_sizes(local.output_slices[0]), axis, high - low)
     crop = _set([(0, n) for n in local_y], axis, (start - low, stop - low))
-    return replace(local, input_pads=_set(local.input_pads, 0, pads),
+    return replace(local, **_zero_padded(local, 0, pads),
                    output_crops=(_crop(crop, local_y),))
 
 
