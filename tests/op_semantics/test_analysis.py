@@ -4,7 +4,7 @@ import pytest
 
 from tofu_tf.op_semantics.analysis import analyze, part_range, strategies_by_var
 from tofu_tf.op_semantics.localize import localize
-from tofu_tf.op_semantics.registry import OpContext, Semantics, describe
+from tofu_tf.op_semantics.registry import OpContext, describe
 from tofu_tf.op_semantics.tdl import Mean, Sum
 
 

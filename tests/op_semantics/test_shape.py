@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from tofu_tf.op_semantics.analysis import analyze, strategies_by_var
 from tofu_tf.op_semantics.localize import localize
-from tofu_tf.op_semantics.ops.shape import mirror_window, reshape_groups, strided_spec
+from tofu_tf.op_semantics.ops.shape import reshape_groups
+from tofu_tf.op_semantics.ops.slicing import mirror_window, strided_spec
 from tofu_tf.op_semantics.registry import describe
 
 I32 = "int32"

@@ -69,9 +69,9 @@ def test_registry_refuses_duplicates_and_names_missing_ops():
         describe("n", "NoSuchOp", {}, [], [], [], [])
 
 
-def test_non_constant_shape_argument_makes_the_instance_opaque():
+def test_non_constant_shape_argument_makes_the_instance_opaque(monkeypatch):
     registry_entry = registry.Description("TestReshapeLike", _reshape_like, family="tests")
-    registry._REGISTRY.setdefault("TestReshapeLike", registry_entry)
+    monkeypatch.setitem(registry._REGISTRY, "TestReshapeLike", registry_entry)
     sem = describe("r", "TestReshapeLike", {}, [(4, 6), (2,)], ["float32", "int32"],
                    [(24,)], ["float32"], constants={})
     assert sem.is_opaque and "constant" in sem.opaque_reason

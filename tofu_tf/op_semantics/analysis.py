@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from tofu_tf.errors import PartitionError
-from tofu_tf.op_semantics.intervals import TOP, Bound, Interval
+from tofu_tf.op_semantics.intervals import TOP, Interval
 from tofu_tf.op_semantics.registry import Semantics
 from tofu_tf.op_semantics.tdl import (INDEX_FUNCTIONS, SPLITTABLE_REDUCERS, Access, Apply,
                                       Compute, Const, Expr, Reduce, Var)

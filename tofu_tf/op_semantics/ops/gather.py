@@ -12,7 +12,7 @@ and keeps its own: the kernel rejects ids beyond num_segments, so it cannot be n
 from __future__ import annotations
 
 from tofu_tf.op_semantics.helpers import normalize_axis
-from tofu_tf.op_semantics.ops.shape import crop_split_outputs, split_dim
+from tofu_tf.op_semantics.hooks import crop_split_outputs, split_dim
 from tofu_tf.op_semantics.registry import semantics
 from tofu_tf.op_semantics.tdl import Const, Eq, ReduceN, where
 

@@ -7,7 +7,6 @@ Batch dims of BatchMatMulV2/V3 broadcast like element-wise ops.
 from __future__ import annotations
 
 
-from tofu_tf.op_semantics.helpers import broadcast
 from tofu_tf.op_semantics.registry import semantics
 from tofu_tf.op_semantics.tdl import Const, ReduceN, Sum
 

@@ -12,88 +12,16 @@ pad the fetched region with zeros that only land in what the crop drops.
 
 from __future__ import annotations
 
-import inspect
 from functools import reduce
 from math import gcd, prod
 
 import numpy as np
 
 from tofu_tf.op_semantics.helpers import broadcast, normalize_axes, normalize_axis
+from tofu_tf.op_semantics.hooks import (named, const_ints, const_ints_of, set_item, sizes, crop_or_none, split_dim, shifted, zero_padded, crop_split_outputs, shape_const_hook)
 from tofu_tf.op_semantics.localize import replace
 from tofu_tf.op_semantics.registry import opaque, semantics
-from tofu_tf.op_semantics.tdl import Const, Eq, Fn, Maximum, Minimum, Sum, where
-
-# -- helpers ------------------------------------------------------------------------------
-
-
-def named(fn, names):
-    """`fn(index_tuple)` as a lambda with parameters `names`, for `ctx.compute`: outputs
-    that share a name split jointly, a name of its own splits one output alone."""
-    def call(*index):
-        return fn(index)
-    call.__signature__ = inspect.Signature(
-        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names])
-    return call
-
-
-def const_ints(sem, index: int) -> list[int]:
-    """A meta input's value (kept in the semantics) as a flat list of ints."""
-    return [int(v) for v in np.asarray(sem.constants[index]).reshape(-1)]
-
-
-def _ints(ctx, index: int) -> list[int]:
-    return [int(v) for v in np.asarray(ctx.const(index)).reshape(-1)]
-
-
-def _set(items, index, value) -> tuple:
-    items = list(items)
-    items[index] = value
-    return tuple(items)
-
-
-def _sizes(slices) -> list[int]:
-    return [b - a for a, b in slices]
-
-
-def _crop(crop, local_shape):
-    """The crop of a local output, or None when it keeps all of it."""
-    crop = tuple((int(a), int(b)) for a, b in crop)
-    return None if crop == tuple((0, int(n)) for n in local_shape) else crop
-
-
-def split_dim(ctx, output: int = 0):
-    """The output dim the strategy splits, or None (replicated, partial, or unsplit)."""
-    if ctx.strategy is None or ctx.strategy.outputs[output].kind != "split":
-        return None
-    return ctx.strategy.outputs[output].dim
-
-
-def _shifted(var, offset: int, stride: int = 1):
-    """`offset + stride * var`, without the trivial terms."""
-    term = var if stride == 1 else var * stride
-    return term if offset == 0 else term + offset
-
-
-def _zero_padded(local, index: int, pads) -> dict:
-    """replace() changes that pad input `index` with zeros (what the crop drops)."""
-    return dict(input_pads=_set(local.input_pads, index, tuple(pads)),
-                input_fills=_set(local.input_fills, index, 0.0))
-
-
-def crop_split_outputs(ctx, local):
-    """Hook: the local op computes each split output whole; keep the part's share."""
-    crops = tuple(local.output_slices[o] if split_dim(ctx, o) is not None else crop
-                  for o, crop in enumerate(local.output_crops))
-    return replace(local, output_crops=crops)
-
-
-def shape_const_hook(index: int):
-    """Hook: constant input `index` is the output shape; give it the part's shape."""
-    def hook(ctx, local):
-        shape = np.asarray(_sizes(local.output_slices[0]), dtype=np.int64)
-        return replace(local, const_inputs={**local.const_inputs, index: shape})
-    return hook
-
+from tofu_tf.op_semantics.tdl import Const, Eq, Fn, Sum, where
 
 # -- Reshape ------------------------------------------------------------------------------
 
@@ -132,7 +60,7 @@ def _group_index(x_shape, y_shape, group, idx) -> dict[int, object]:
     dim (the flat index is in range) and no `// 1` on its last."""
     gx, gy = group
     y_strides, x_strides = _strides(y_shape, gy), _strides(x_shape, gx)
-    flat = reduce(lambda a, b: a + b, [_shifted(idx[d], 0, y_strides[d]) for d in gy])
+    flat = reduce(lambda a, b: a + b, [shifted(idx[d], 0, y_strides[d]) for d in gy])
     index = {}
     for n, d in enumerate(gx):
         value = flat if x_strides[d] == 1 else flat // x_strides[d]
@@ -169,9 +97,9 @@ def _reshape_local(ctx, local):
         crop[dim] = (share[dim][0] - offset, share[dim][1] - offset)
     else:
         crop[dim] = share[dim]
-    return replace(local, **_zero_padded(local, 0, pads),
+    return replace(local, **zero_padded(local, 0, pads),
                    const_inputs={1: np.asarray(local_y, dtype=np.int64)},
-                   output_crops=(_crop(crop, local_y),))
+                   output_crops=(crop_or_none(crop, local_y),))
 
 
 @semantics("Reshape", localize=_reshape_local)
@@ -202,7 +130,7 @@ def reshape(ctx):
 @semantics("Transpose", "ConjugateTranspose")
 def transpose(ctx):
     """y[i] = x[j] with j[perm[d]] = i[d]."""
-    view = ctx.inputs[0].transpose(_ints(ctx, 1))
+    view = ctx.inputs[0].transpose(const_ints_of(ctx, 1))
     if ctx.type == "ConjugateTranspose":
         ctx.compute_nd(lambda idx: Fn("conj", view[idx]))
     else:
@@ -213,7 +141,7 @@ def transpose(ctx):
 def reverse(ctx):
     """y[i] = x[n - 1 - i] on the reversed axes: a part reads the mirrored range."""
     x = ctx.inputs[0]
-    axes = normalize_axes(_ints(ctx, 1), x.rank)
+    axes = normalize_axes(const_ints_of(ctx, 1), x.rank)
     ctx.compute_nd(lambda idx: x[tuple(x.shape[d] - 1 - v if d in axes else v
                                        for d, v in enumerate(idx))])
 
@@ -221,7 +149,7 @@ def reverse(ctx):
 @semantics("ExpandDims")
 def expand_dims(ctx):
     x = ctx.inputs[0]
-    axis = normalize_axis(_ints(ctx, 1)[0], x.rank + 1)
+    axis = normalize_axis(const_ints_of(ctx, 1)[0], x.rank + 1)
     ctx.compute_nd(lambda idx: x[idx[:axis] + idx[axis + 1:]])
 
 
@@ -273,9 +201,9 @@ def _tile_local(ctx, local):
     else:
         multiples[dim] = last - first + 1
         local_y = [(b - a) * m for (a, b), m in zip(slices, multiples)]
-        crop = _crop(_set([(0, n) for n in local_y], dim,
+        crop = crop_or_none(set_item([(0, n) for n in local_y], dim,
                           (start - first * size, stop - first * size)), local_y)
-    return replace(local, input_slices=_set(local.input_slices, 0, tuple(slices)),
+    return replace(local, input_slices=set_item(local.input_slices, 0, tuple(slices)),
                    const_inputs={1: np.asarray(multiples, dtype=np.int64)},
                    output_crops=(crop,))
 
@@ -284,7 +212,7 @@ def _tile_local(ctx, local):
 def tile(ctx):
     """y[i] = x[i % n] on tiled dims."""
     x = ctx.inputs[0]
-    multiples = _ints(ctx, 1)
+    multiples = const_ints_of(ctx, 1)
 
     def index(d, v):
         if multiples[d] == 1:
@@ -299,7 +227,7 @@ def tile(ctx):
 def _concat(ctx, values, axis_input: int) -> None:
     """y[.., j, ..] = piece p at j - offset[p], the piece chosen by `where`: a part reads only
     the pieces it overlaps (the others' regions clamp to empty)."""
-    axis = normalize_axis(_ints(ctx, axis_input)[0], values[0].rank)
+    axis = normalize_axis(const_ints_of(ctx, axis_input)[0], values[0].rank)
     sizes = [v.shape[axis] for v in values]
     offsets = np.cumsum([0] + sizes[:-1]).tolist()
 
@@ -307,7 +235,7 @@ def _concat(ctx, values, axis_input: int) -> None:
         j = idx[axis]
 
         def piece(p):
-            return values[p][idx[:axis] + (_shifted(j, -offsets[p]),) + idx[axis + 1:]]
+            return values[p][idx[:axis] + (shifted(j, -offsets[p]),) + idx[axis + 1:]]
         value = piece(len(values) - 1)
         for p in reversed(range(len(values) - 1)):
             value = where(j < offsets[p] + sizes[p], piece(p), value)
@@ -334,7 +262,7 @@ def _split(ctx, x, axis: int) -> None:
     for o, offset in enumerate(offsets):
         names = [f"d{d}" if d != axis or equal else f"o{o}_d{d}" for d in range(x.rank)]
         ctx.compute(named(lambda idx, offset=offset: x[
-            idx[:axis] + (_shifted(idx[axis], offset),) + idx[axis + 1:]], names), output=o)
+            idx[:axis] + (shifted(idx[axis], offset),) + idx[axis + 1:]], names), output=o)
 
 
 def _split_local(ctx, local, x_input: int, axis: int):
@@ -351,14 +279,14 @@ def _split_local(ctx, local, x_input: int, axis: int):
         pad = (0, len(crops) * piece - (b - a))
         for o in split:
             start, stop = local.output_slices[o][axis]
-            local_y = _set(_sizes(local.output_slices[o]), axis, piece)
-            crops[o] = _crop(_set([(0, n) for n in local_y], axis, (0, stop - start)), local_y)
+            local_y = set_item(sizes(local.output_slices[o]), axis, piece)
+            crops[o] = crop_or_none(set_item([(0, n) for n in local_y], axis, (0, stop - start)), local_y)
     else:
         pad = (a, extent - b)
         for o in split:
             crops[o] = local.output_slices[o]
-    pads = _set(local.input_pads[x_input], axis, pad)
-    return replace(local, **_zero_padded(local, x_input, pads), output_crops=tuple(crops))
+    pads = set_item(local.input_pads[x_input], axis, pad)
+    return replace(local, **zero_padded(local, x_input, pads), output_crops=tuple(crops))
 
 
 def _split_hook(ctx, local):
@@ -374,14 +302,14 @@ def _split_v_hook(ctx, local):
 @semantics("Split", localize=_split_hook)
 def split(ctx):
     x = ctx.inputs[1]
-    _split(ctx, x, normalize_axis(_ints(ctx, 0)[0], x.rank))
+    _split(ctx, x, normalize_axis(const_ints_of(ctx, 0)[0], x.rank))
 
 
 @semantics("SplitV", localize=_split_v_hook)
 def split_v(ctx):
     x = ctx.inputs[0]
     ctx.const(1)
-    _split(ctx, x, normalize_axis(_ints(ctx, 2)[0], x.rank))
+    _split(ctx, x, normalize_axis(const_ints_of(ctx, 2)[0], x.rank))
 
 
 def _pack_local(ctx, local):
@@ -412,323 +340,6 @@ def unpack(ctx):
     axis = normalize_axis(int(ctx.attr("axis", 0)), x.rank)
     for o in range(len(ctx.output_shapes)):
         ctx.compute_nd(lambda idx, o=o: x[idx[:axis] + (Const(o),) + idx[axis:]], output=o)
-
-
-# -- slices ---------------------------------------------------------------------------------
-
-
-def _slice_local(ctx, local):
-    """Local begin = where the part's share starts in the fetched region; size = share."""
-    begin = const_ints(ctx.sem, 1)
-    share, fetched = local.output_slices[0], local.input_slices[0]
-    local_begin = [b + s - a for b, (s, _), (a, _) in zip(begin, share, fetched)]
-    return replace(local, const_inputs={1: np.asarray(local_begin, dtype=np.int64),
-                                        2: np.asarray(_sizes(share), dtype=np.int64)})
-
-
-@semantics("Slice", localize=_slice_local)
-def slice_(ctx):
-    x = ctx.inputs[0]
-    begin = _ints(ctx, 1)
-    ctx.const(2)
-    ctx.compute_nd(lambda idx: x[tuple(_shifted(v, b) for v, b in zip(idx, begin))])
-
-
-MASKS = ("begin_mask", "end_mask", "ellipsis_mask", "new_axis_mask", "shrink_axis_mask")
-
-
-def _dim_entry(size, dim, begin, end, stride, bit, masks):
-    """One x dim of a strided slice, canonicalised as TensorFlow's ValidateStridedSliceOp."""
-    if masks["shrink_axis_mask"] & bit:
-        return ("shrink", dim, begin + size if begin < 0 else begin)
-    valid = (0, size) if stride > 0 else (-1, size - 1)
-
-    def canonical(x, masked, which):
-        if masked:
-            return valid[which] if stride > 0 else valid[1 - which]
-        x = x + size if x < 0 else x
-        return min(max(x, valid[0]), valid[1])
-    start = canonical(begin, masks["begin_mask"] & bit, 0)
-    length = canonical(end, masks["end_mask"] & bit, 1) - start
-    if length == 0 or (length < 0) != (stride < 0):
-        return ("range", dim, start, stride, 0)
-    return ("range", dim, start, stride, length // stride + (1 if length % stride else 0))
-
-
-def strided_spec(shape, begin, end, strides, attrs) -> list[tuple]:
-    """TensorFlow's dense slice spec, in output order: ("new",) a size-1 output dim,
-    ("shrink", dim, index) no output dim, ("range", dim, start, stride, size)."""
-    masks = {m: int(attrs.get(m) or 0) for m in MASKS}
-    begin, end, strides = list(begin), list(end), list(strides)
-    ellipsis = masks["ellipsis_mask"]
-    if not ellipsis:                      # an implicit ellipsis at the end
-        ellipsis = 1 << len(begin)
-        begin, end, strides = begin + [0], end + [0], strides + [1]
-    n, first = len(begin), (ellipsis & -ellipsis).bit_length() - 1
-    new_after = sum(1 for i in range(first + 1, n) if masks["new_axis_mask"] >> i & 1)
-    entries, dim = [], 0
-    for i in range(n):
-        bit = 1 << i
-        if ellipsis & bit:
-            stop = min(len(shape) - (n - i) + 1 + new_after, len(shape))
-            entries += [("range", d, 0, 1, shape[d]) for d in range(dim, stop)]
-            dim = max(dim, stop)
-        elif masks["new_axis_mask"] & bit:
-            entries.append(("new",))
-        else:
-            entries.append(_dim_entry(shape[dim], dim, begin[i], end[i], strides[i], bit, masks))
-            dim += 1
-    return entries
-
-
-def _spec(ctx, shape) -> list[tuple]:
-    return strided_spec(shape, _ints(ctx, 1), _ints(ctx, 2), _ints(ctx, 3), ctx.attrs)
-
-
-def _sem_spec(sem, shape) -> list[tuple]:
-    return strided_spec(shape, const_ints(sem, 1), const_ints(sem, 2), const_ints(sem, 3),
-                        sem.attrs)
-
-
-def _spec_shape(entries) -> tuple[int, ...]:
-    return tuple(1 if e[0] == "new" else e[4] for e in entries if e[0] != "shrink")
-
-
-def _local_range(first: int, stride: int, count: int) -> tuple[int, int, bool]:
-    """(begin, end, end masked) that take `count` elements from `first` by `stride`."""
-    if count == 0:
-        return 0, 0, False
-    end = first + stride * (count - 1) + (1 if stride > 0 else -1)
-    return first, max(end, 0), end < 0
-
-
-class _LocalSpec:
-    """A mask-free local strided-slice spec, built entry by entry."""
-
-    def __init__(self):
-        self.begin, self.end, self.strides = [], [], []
-        self.masks = dict.fromkeys(MASKS, 0)
-
-    def add(self, begin, end, stride, mask=None, end_masked=False):
-        bit = 1 << len(self.begin)
-        self.begin.append(begin), self.end.append(end), self.strides.append(stride)
-        if mask:
-            self.masks[mask] |= bit
-        if end_masked:
-            self.masks["end_mask"] |= bit
-
-    def apply(self, local, **changes):
-        consts = {**local.const_inputs,
-                  **{i + 1: np.asarray(v, dtype=np.int64)
-                     for i, v in enumerate((self.begin, self.end, self.strides))}}
-        return replace(local, attrs={**local.attrs, **self.masks}, const_inputs=consts,
-                       **changes)
-
-
-def _strided_slice_local(ctx, local):
-    """Rewrite the spec relative to the fetched region, without ellipsis or begin masks."""
-    entries = _sem_spec(ctx.sem, ctx.sem.input_shapes[0])
-    share, fetched = local.output_slices[0], local.input_slices[0]
-    spec, out = _LocalSpec(), iter(share)
-    for entry in entries:
-        if entry[0] == "new":
-            next(out)
-            spec.add(0, 1, 1, "new_axis_mask")
-        elif entry[0] == "shrink":
-            _, d, index = entry
-            spec.add(index - fetched[d][0], index - fetched[d][0] + 1, 1, "shrink_axis_mask")
-        else:
-            _, d, start, stride, _ = entry
-            first, stop = next(out)
-            b, e, masked = _local_range(start + stride * first - fetched[d][0], stride,
-                                        stop - first)
-            spec.add(b, e, stride, end_masked=masked)
-    return spec.apply(local)
-
-
-@semantics("StridedSlice", localize=_strided_slice_local)
-def strided_slice(ctx):
-    """y[i] = x[start + stride * i] per sliced dim, a fixed index on shrunk dims."""
-    x = ctx.inputs[0]
-    entries = _spec(ctx, x.shape)
-    if _spec_shape(entries) != ctx.output_shapes[0]:
-        ctx.fail(f"the slice spec gives shape {list(_spec_shape(entries))}, TensorFlow "
-                 f"{list(ctx.output_shapes[0])}.")
-
-    def body(idx):
-        out, index = iter(idx), [None] * x.rank
-        for entry in entries:
-            if entry[0] == "new":
-                next(out)
-            elif entry[0] == "shrink":
-                index[entry[1]] = Const(entry[2])
-            else:
-                index[entry[1]] = _shifted(next(out), entry[2], entry[3])
-        return x[tuple(index)]
-    ctx.compute_nd(body)
-
-
-def _grid_in(start, stride, count, lo, stop) -> tuple[int, int]:
-    """Half-open [t0, t1) of the t in [0, count) with lo <= start + stride*t < stop."""
-    if stride > 0:
-        t0, t1 = -(-(lo - start) // stride), (stop - 1 - start) // stride + 1
-    else:
-        t0, t1 = -(-(start - stop + 1) // -stride), (start - lo) // -stride + 1
-    t0, t1 = max(t0, 0), min(t1, count)
-    return t0, max(t0, t1)
-
-
-def _strided_slice_grad_local(ctx, local):
-    """The part's shape and a spec over the grid points inside it; dy narrowed to them. A
-    shrunk index outside the part writes to one extra slot that the crop drops."""
-    shape = const_ints(ctx.sem, 0)
-    share = local.output_slices[0]
-    local_shape = _sizes(share)
-    dy_slices = list(local.input_slices[4])
-    spec, dy_dim = _LocalSpec(), 0
-    for entry in _sem_spec(ctx.sem, shape):
-        if entry[0] == "new":
-            spec.add(0, 1, 1, "new_axis_mask")
-        elif entry[0] == "shrink":
-            _, d, index = entry
-            position = index - share[d][0]
-            if not 0 <= position < share[d][1] - share[d][0]:
-                position = share[d][1] - share[d][0]        # one slot past the share
-                local_shape[d] = position + 1
-            spec.add(position, position + 1, 1, "shrink_axis_mask")
-            continue
-        else:
-            _, d, start, stride, count = entry
-            t0, t1 = _grid_in(start, stride, count, *share[d])
-            dy_slices[dy_dim] = (t0, t1)
-            b, e, masked = _local_range(start + stride * t0 - share[d][0], stride, t1 - t0)
-            spec.add(b, e, stride, end_masked=masked)
-        dy_dim += 1
-    crop = _crop([(0, b - a) for a, b in share], local_shape)
-    local = replace(local, const_inputs={0: np.asarray(local_shape, dtype=np.int64)},
-                    input_slices=_set(local.input_slices, 4, tuple(dy_slices)))
-    return spec.apply(local, output_crops=(crop,))
-
-
-@semantics("StridedSliceGrad", localize=_strided_slice_grad_local)
-def strided_slice_grad(ctx):
-    """dx[i] = dy[t] where i = start + stride * t on every sliced dim (and i is the index on
-    shrunk dims), else 0: a part reads the dy rows whose grid points fall inside it."""
-    shape = _ints(ctx, 0)
-    dy = ctx.inputs[4]
-    entries = _spec(ctx, shape)
-
-    def body(idx):
-        index, conds = [], []
-        for entry in entries:
-            if entry[0] == "new":
-                index.append(Const(0))
-            elif entry[0] == "shrink":
-                conds.append(Eq(idx[entry[1]], entry[2]))
-            else:
-                _, d, start, stride, count = entry
-                offset = _shifted(idx[d], -start) if stride > 0 else start - idx[d]
-                step = abs(stride)
-                index.append(offset if step == 1 else offset // step)
-                conds += [offset >= 0, offset < step * (count - 1) + 1]
-                if step > 1:
-                    conds.append(Eq(offset % step, 0))
-        value = dy[tuple(index)]
-        for cond in conds:
-            value = where(cond, value, 0)
-        return value
-    ctx.compute_nd(body)
-
-
-# -- padding --------------------------------------------------------------------------------
-
-
-def _pad_local(ctx, local):
-    """Local paddings: the part of the share before and after the fetched x region."""
-    paddings = np.asarray(ctx.sem.constants[1]).reshape(-1, 2)
-    local_pads = []
-    for (start, stop), (a, b), before in zip(local.output_slices[0], local.input_slices[0],
-                                             paddings[:, 0]):
-        lead = a + int(before) - start if b > a else stop - start
-        local_pads.append((lead, stop - start - lead - (b - a)))
-    return replace(local, const_inputs={**local.const_inputs,
-                                        1: np.asarray(local_pads, dtype=np.int64)})
-
-
-def _pad(ctx, fill) -> None:
-    """y[i] = x[i - before] where that is inside x, else the fill."""
-    x = ctx.inputs[0]
-    paddings = np.asarray(ctx.const(1)).reshape(-1, 2).tolist()
-
-    def body(idx):
-        index, conds = [], []
-        for d, (before, after) in enumerate(paddings):
-            j = _shifted(idx[d], -before)
-            index.append(j)
-            conds += ([j >= 0] if before else []) + ([j < x.shape[d]] if after else [])
-        value = x[tuple(index)]
-        for cond in conds:
-            value = where(cond, value, fill)
-        return value
-    ctx.compute_nd(body)
-
-
-@semantics("Pad", localize=_pad_local)
-def pad(ctx):
-    _pad(ctx, 0)
-
-
-@semantics("PadV2", localize=_pad_local)
-def pad_v2(ctx):
-    _pad(ctx, ctx.inputs[2][()])
-
-
-def _mirror(j, size: int, symmetric: bool):
-    """The reflected source index of j (REFLECT skips the edge row, SYMMETRIC repeats it)."""
-    e = int(symmetric)
-    return Minimum(Maximum(j, -j - e), 2 * size - 2 + e - j)
-
-
-def mirror_window(start, stop, before, size, symmetric):
-    """For a share [start, stop) of a mirror-padded dim: the x rows [a, b) it needs, the
-    local (before, after) paddings, and the crop of the local result."""
-    t = np.arange(start, stop) - before
-    e = int(symmetric)
-    source = np.minimum(np.maximum(t, -t - e), 2 * size - 2 + e - t)
-    touches_before, touches_after = start < before, stop > before + size
-    a = 0 if touches_before else int(source.min())
-    b = size if touches_after else int(source.max()) + 1
-    lead = before - start if touches_before else 0
-    trail = stop - before - size if touches_after else 0
-    origin = before + a - lead              # global row of local row 0
-    return (a, b), (lead, trail), (start - origin, stop - origin)
-
-
-def _mirror_pad_local(ctx, local):
-    """Fetch just the rows the share reflects or copies; pad locally only at the edges the
-    share touches (a halo the intervals cannot express: |j| is not affine)."""
-    paddings = np.asarray(ctx.sem.constants[1]).reshape(-1, 2)
-    symmetric = str(ctx.sem.attrs.get("mode", "REFLECT")).upper() == "SYMMETRIC"
-    slices, local_pads, crops, local_y = [], [], [], []
-    for (start, stop), (before, _), size in zip(local.output_slices[0], paddings,
-                                                ctx.sem.input_shapes[0]):
-        rows, pads, crop = mirror_window(start, stop, int(before), size, symmetric)
-        slices.append(rows), local_pads.append(pads), crops.append(crop)
-        local_y.append(rows[1] - rows[0] + sum(pads))
-    return replace(local, input_slices=_set(local.input_slices, 0, tuple(slices)),
-                   const_inputs={1: np.asarray(local_pads, dtype=np.int64)},
-                   output_crops=(_crop(crops, local_y),))
-
-
-@semantics("MirrorPad", localize=_mirror_pad_local)
-def mirror_pad(ctx):
-    """y[i] = x[m(i - before)], m the reflection at both edges (min/max of affine forms)."""
-    x = ctx.inputs[0]
-    paddings = np.asarray(ctx.const(1)).reshape(-1, 2).tolist()
-    symmetric = str(ctx.attr("mode", "REFLECT")).upper() == "SYMMETRIC"
-    ctx.compute_nd(lambda idx: x[tuple(
-        _mirror(_shifted(v, -before), x.shape[d], symmetric) if before or after else v
-        for d, (v, (before, after)) in enumerate(zip(idx, paddings)))])
 
 
 # -- generated tensors ----------------------------------------------------------------------
@@ -768,9 +379,9 @@ def _one_hot_local(ctx, local):
     if split_dim(ctx) != axis:
         return local
     share = local.output_slices[0]
-    local_y = _set(_sizes(share), axis, share[axis][1])
+    local_y = set_item(sizes(share), axis, share[axis][1])
     return replace(local, const_inputs={1: np.asarray(share[axis][1])},
-                   output_crops=(_crop(_set([(0, n) for n in local_y], axis, share[axis]),
+                   output_crops=(crop_or_none(set_item([(0, n) for n in local_y], axis, share[axis]),
                                        local_y),))
 
 
@@ -792,11 +403,11 @@ def _cumsum_local(ctx, local):
     start, stop = local.output_slices[0][axis]
     low, high = (start, x_shape[axis]) if ctx.sem.attrs.get("reverse") else (0, stop)
     a, b = local.input_slices[0][axis]
-    pads = _set(local.input_pads[0], axis, (a - low, high - b))
-    local_y = _set(_sizes(local.output_slices[0]), axis, high - low)
-    crop = _set([(0, n) for n in local_y], axis, (start - low, stop - low))
-    return replace(local, **_zero_padded(local, 0, pads),
-                   output_crops=(_crop(crop, local_y),))
+    pads = set_item(local.input_pads[0], axis, (a - low, high - b))
+    local_y = set_item(sizes(local.output_slices[0]), axis, high - low)
+    crop = set_item([(0, n) for n in local_y], axis, (start - low, stop - low))
+    return replace(local, **zero_padded(local, 0, pads),
+                   output_crops=(crop_or_none(crop, local_y),))
 
 
 @semantics("Cumsum", localize=_cumsum_local)
@@ -805,7 +416,7 @@ def cumsum(ctx):
     x: a part of the scan axis reads its prefix. The offset r does not split: no single
     local Cumsum yields a window of offsets."""
     x = ctx.inputs[0]
-    axis = normalize_axis(_ints(ctx, 1)[0], x.rank)
+    axis = normalize_axis(const_ints_of(ctx, 1)[0], x.rank)
     reverse, shift = bool(ctx.attr("reverse")), int(bool(ctx.attr("exclusive")))
     size = x.shape[axis]
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from tofu_tf.op_semantics.localize import replace
-from tofu_tf.op_semantics.ops.shape import crop_split_outputs, shape_query
+from tofu_tf.op_semantics.hooks import crop_split_outputs
+from tofu_tf.op_semantics.ops.shape import shape_query
 from tofu_tf.op_semantics.registry import semantics
 from tofu_tf.op_semantics.tdl import Fn
 
