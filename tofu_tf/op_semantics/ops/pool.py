@@ -84,11 +84,7 @@ def _tap_names(layout: Layout, prefix: str = "k") -> tuple[str, ...]:
 def _local_ksize(ctx, layout: Layout) -> tuple[int, ...]:
     """The part's window: the taps of the split tap variable, all taps elsewhere."""
     taps = {v.name: v.extent for v in top_reduce(ctx.sem.computes[0].body).vars}
-    strategy = ctx.strategy
-    if strategy is not None and strategy.kind == "reduce" and strategy.var in taps:
-        lo, hi = ctx.part_range
-        taps[strategy.var] = hi - lo + 1
-    return layout.pack(1, [taps[n] for n in _tap_names(layout)], 1)
+    return layout.pack(1, [_tap_part(ctx, n, taps[n])[1] for n in _tap_names(layout)], 1)
 
 
 def _tap_part(ctx, name: str, extent: int) -> tuple[int, int]:
@@ -100,10 +96,13 @@ def _tap_part(ctx, name: str, extent: int) -> tuple[int, int]:
     return 0, extent
 
 
-def _count(axis, o):
-    """How many taps of output o's window are in range."""
-    return Minimum(o * axis.stride - axis.pad + axis.kernel, axis.size) \
-        - Maximum(o * axis.stride - axis.pad, 0)
+def _count(axes, outs):
+    """How many taps of the window of outputs `outs` are in range."""
+    count = 1
+    for axis, o in zip(axes, outs):
+        count = count * (Minimum(o * axis.stride - axis.pad + axis.kernel, axis.size)
+                         - Maximum(o * axis.stride - axis.pad, 0))
+    return count
 
 
 def _aligned_tile(axis) -> tuple[int, int]:
@@ -247,16 +246,16 @@ def avg_pool(ctx):
                 conditions.append(Fn("and", t >= lead - a.pad, t < lead - a.pad + a.kernel,
                                      row >= 0, row < a.size))
             return gated(conditions, x[layout.pack(n, rows, c)])
-        count = 1
-        for a, o in zip(axes, outs):
-            count = count * _count(a, o)
-        return ReduceN("sum", term, [e for _, e in tiles], names=_tap_names(layout, "t"))             / count
+        total = ReduceN("sum", term, [e for _, e in tiles], names=_tap_names(layout, "t"))
+        return total / _count(axes, outs)
     compute_layout(ctx, layout, names, body)
     for name in _tap_names(layout, "t"):
         ctx.unsplittable(name, SAME_AVERAGE_REASON)
 
 
 def _avg_pool_grad_local(ctx, local):
+    """Unpadded: a VALID transposed window with the part's taps (as Conv2DBackpropInput).
+    Padded: SAME on an aligned region (`_same_grad_region`) with exactly its dy rows."""
     sem = ctx.sem
     layout, axes = _hook_axes(sem, sem.output_shapes[0], sem.input_shapes[1])
     out = local.output_slices[0]
@@ -325,10 +324,7 @@ def avg_pool_grad(ctx):
                 offset = i + a.pad - o * a.stride
                 conditions.append(Fn("and", offset >= 0, offset < a.kernel, o >= 0,
                                      o < a.out))
-            count = 1
-            for a, o in zip(axes, outs):
-                count = count * _count(a, o)
-            return gated(conditions, dy[layout.pack(n, outs, c)] / count)
+            return gated(conditions, dy[layout.pack(n, outs, c)] / _count(axes, outs))
         return ReduceN("sum", term, [e for _, e in spans], names=_tap_names(layout, "u"))
     compute_layout(ctx, layout, names, body)
     for name in _tap_names(layout, "u"):
