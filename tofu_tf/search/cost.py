@@ -1,0 +1,137 @@
+"""The cost of one k-way cut: bytes moved between the k parts.
+
+A stored tensor of shape (n_0, ..., n_{r-1}) with N elements of `itemsize` bytes is in one
+state: Split(d) — part p holds the p-th uneven slice of dim d (`part_range`) — or R, every
+part holds all of it. Partial(reducer) is only produced by an op; it is reduced before it
+is stored. H_p(X) is the box part p holds in state X.
+
+Fetch — op input read as the boxes R_p (one per part) from state X:
+    bytes = itemsize * sum_p (|R_p| - |R_p ∩ H_p(X)|)
+  (halo, all-gather and all-to-all are all this one formula.)
+Convert — op output produced as boxes B_p (Split or R), stored in state X:
+    bytes = itemsize * sum_p (|H_p(X)| - |H_p(X) ∩ B_p|)
+Convert — a Partial output (ring collectives, k parts):
+    stored Split(d): reduce-scatter, bytes = itemsize * (k - 1) * N
+    stored R:        all-reduce,     bytes = itemsize * 2 * (k - 1) * N
+With a topology level, time = bytes / (k * bandwidth) + latency per transfer: the k parts
+move their shares in parallel over their own links.
+
+The volumes |R_p ∩ H_p(X)| for every state X at once are the inner loop of the search;
+`overlaps` computes them for a whole batch of regions, in C++ when the custom op is built
+(tofu_tf/cc) and in NumPy otherwise, with identical answers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tofu_tf.op_semantics.analysis import REPLICATED, OutputState, Split, part_range
+
+Box = tuple[tuple[int, int], ...]          # half-open [start, stop) per dim
+
+# Ring collectives move each element this many times per (k - 1) parts:
+REDUCE_SCATTER_FACTOR = 1
+ALL_REDUCE_FACTOR = 2        # reduce-scatter, then all-gather
+
+
+def tensor_states(shape: tuple[int, ...], k: int) -> tuple[OutputState, ...]:
+    """Stored states of a tensor at a k-way cut: Split(d) for every dim of size >= k, and R."""
+    return tuple(Split(d) for d, n in enumerate(shape) if n >= k) + (REPLICATED,)
+
+
+def held_box(shape: tuple[int, ...], state: OutputState, k: int, part: int) -> Box:
+    box = [(0, n) for n in shape]
+    if state.kind == "split":
+        lo, hi = part_range(shape[state.dim], k, part)
+        box[state.dim] = (lo, hi + 1)
+    return tuple(box)
+
+
+def box_volume(box: Box) -> int:
+    return int(np.prod([max(b - a, 0) for a, b in box], dtype=np.int64))
+
+
+def part_bounds(n: int, k: int) -> np.ndarray:
+    """[k, 2] half-open bounds of the uneven k-way split of n."""
+    base, extra = divmod(n, k)
+    sizes = np.full(k, base, dtype=np.int64)
+    sizes[:extra] += 1
+    stops = np.cumsum(sizes)
+    return np.stack([stops - sizes, stops], axis=1)
+
+
+def overlaps_numpy(boxes: np.ndarray, shapes: np.ndarray, k: int) -> np.ndarray:
+    """For boxes [M, k, D, 2] (part p's box of entry m) and shapes [M, D]: the volume of
+    box ∩ H_p(Split(d)) for d < D, and in column D the box volume itself (= ∩ H_p(R)).
+    Dims past a tensor's rank have shape 1 and box (0, 1). Returns int64 [M, D + 1]."""
+    m, _, d, _ = boxes.shape
+    lengths = np.clip(boxes[..., 1] - boxes[..., 0], 0, None)             # [M, k, D]
+    volume = np.prod(lengths, axis=2)                                    # [M, k]
+    out = np.empty((m, d + 1), dtype=np.int64)
+    out[:, d] = volume.sum(axis=1)
+    parts = np.arange(k)
+    for dim in range(d):
+        base, extra = np.divmod(shapes[:, dim], k)                       # [M]
+        lo = parts[None, :] * base[:, None] + np.minimum(parts[None, :], extra[:, None])
+        hi = lo + base[:, None] + (parts[None, :] < extra[:, None])
+        inter = np.clip(np.minimum(boxes[:, :, dim, 1], hi) -
+                        np.maximum(boxes[:, :, dim, 0], lo), 0, None)    # [M, k]
+        safe = np.where(lengths[:, :, dim] > 0, lengths[:, :, dim], 1)
+        out[:, dim] = (volume // safe * inter).sum(axis=1)
+    return out
+
+
+def overlaps(boxes: np.ndarray, shapes: np.ndarray, k: int) -> np.ndarray:
+    """`overlaps_numpy`, through the C++ op when it is available."""
+    from tofu_tf.cc import cost_op
+    return cost_op.overlaps(boxes, shapes, k)
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Byte costs of one k-way cut; with a bandwidth, also time."""
+    k: int
+
+    def fetch_bytes(self, shape, itemsize: int, regions: list[Box]) -> np.ndarray:
+        """Bytes to fetch per-part regions, one entry per state of `tensor_states`."""
+        vols = self._state_overlaps(shape, regions)
+        return itemsize * (vols[-1] - vols)
+
+    def convert_bytes(self, shape, itemsize: int, produced: OutputState,
+                      produced_boxes: list[Box] | None) -> np.ndarray:
+        """Bytes to store an output produced in `produced`, one entry per stored state."""
+        states = tensor_states(tuple(shape), self.k)
+        n = int(np.prod(shape, dtype=np.int64))
+        if produced.kind == "partial":
+            return itemsize * (self.k - 1) * n * np.array(
+                [ALL_REDUCE_FACTOR if s.kind == "replicated" else REDUCE_SCATTER_FACTOR
+                 for s in states], dtype=np.int64)
+        if produced.kind == "replicated":
+            return np.zeros(len(states), dtype=np.int64)
+        vols = self._state_overlaps(shape, produced_boxes)
+        held = np.array([sum(box_volume(held_box(tuple(shape), s, self.k, p))
+                             for p in range(self.k)) for s in states], dtype=np.int64)
+        return itemsize * (held - vols)
+
+    def _state_overlaps(self, shape, regions: list[Box]) -> np.ndarray:
+        """sum_p |R_p ∩ H_p(X)| for X in tensor_states(shape), in that order."""
+        shape = tuple(shape)
+        rank = max(len(shape), 1)
+        boxes = np.zeros((1, self.k, rank, 2), dtype=np.int64)
+        boxes[..., 1] = 1
+        for p, box in enumerate(regions):
+            for d, (a, b) in enumerate(box):
+                boxes[0, p, d] = (a, b)
+        shapes = np.ones((1, rank), dtype=np.int64)
+        shapes[0, :len(shape)] = shape
+        vols = overlaps(boxes, shapes, self.k)[0]
+        keep = [d for d, n in enumerate(shape) if n >= self.k] + [rank]
+        return vols[keep]
+
+    @staticmethod
+    def seconds(num_bytes: float, k: int, bandwidth: float, latency: float,
+                transfers: int = 1) -> float:
+        """Time of a cut's transfers: k parts move their shares over their own links."""
+        return num_bytes / (k * bandwidth) + latency * transfers

@@ -1,0 +1,206 @@
+"""One level's partition problem: ops with their choices, tensors with their states.
+
+Level 1 is the planner graph itself. Level l+1 is the problem inside one group of level l
+(part 0, the largest): every tensor shrinks to its part-0 shape under its chosen state,
+every op becomes its part-0 local op (`localize`: local shapes, halos, local attrs),
+re-described so its strategies are derived afresh. An op input then reads its local
+region at an offset `delta` into the stored tensor's part; what lies outside the stored
+part was delivered by an outer level and costs nothing here.
+
+A `Choice` is one strategy of an op at a k-way cut, or `replicate` (every part computes
+the whole op): per data input the k boxes it reads (tensor coordinates, clamped), per
+output the produced state and k boxes. `cost_vectors` turns choices into bytes per stored
+state of each touched tensor (formulas in cost.py), batched through one `overlaps` call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tofu_tf.graph import DTYPE_SIZES
+from tofu_tf.op_semantics.analysis import REPLICATED, OutputState, Strategy
+from tofu_tf.op_semantics.localize import LocalOp, localize
+from tofu_tf.op_semantics.registry import Semantics
+from tofu_tf.search.cost import (ALL_REDUCE_FACTOR, REDUCE_SCATTER_FACTOR, Box, overlaps,
+                                 tensor_states)
+
+REPLICATE = "replicate"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    itemsize: int
+
+
+@dataclass
+class ProblemOp:
+    """An op at one level: its (local) semantics and how its inputs map onto tensors."""
+    name: str
+    sem: Semantics
+    strategies: tuple[Strategy, ...]
+    inputs: tuple[str, ...]                          # tensor per semantics input
+    outputs: tuple[str, ...]                         # tensor per output (updates: the variable)
+    input_offsets: tuple[tuple[int, ...], ...]       # local input coord + delta = tensor coord
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One way to run an op at a k-way cut."""
+    label: str                                       # "o:i", "r:k" or "replicate"
+    strategy: Strategy | None
+    input_boxes: tuple[tuple[Box, ...] | None, ...]  # per input, k boxes (tensor coords)
+    produced: tuple[OutputState, ...]                # per output
+    output_boxes: tuple[tuple[Box, ...], ...]        # per output, k boxes (tensor coords)
+
+
+@dataclass
+class Problem:
+    """All ops and tensors of one level, and the k of its cut."""
+    k: int
+    ops: list[ProblemOp]
+    tensors: dict[str, TensorSpec]
+    choices: dict[str, list[Choice]] = field(default_factory=dict)
+
+    def states(self, tensor: str) -> tuple[OutputState, ...]:
+        return tensor_states(self.tensors[tensor].shape, self.k)
+
+
+def _clamp(box: Box, shape: tuple[int, ...], delta: tuple[int, ...]) -> Box:
+    out = []
+    for (a, b), n, d in zip(box, shape, delta):
+        a, b = min(max(a + d, 0), n), min(max(b + d, 0), n)
+        out.append((a, max(a, b)))
+    return tuple(out)
+
+
+def _local_input_box(local: LocalOp, index: int) -> Box | None:
+    """The region an input's local op reads, in the op's (pre-localize) input coords."""
+    return local.input_slices[index]
+
+
+def make_choice(problem: Problem, op: ProblemOp, strategy: Strategy | None) -> Choice:
+    k = problem.k
+    locals_ = [localize(op.sem, strategy, k, p) for p in range(k)]
+    input_boxes = []
+    for i, tensor in enumerate(op.inputs):
+        if locals_[0].input_slices[i] is None or tensor not in problem.tensors:
+            input_boxes.append(None)
+            continue
+        spec = problem.tensors[tensor]
+        input_boxes.append(tuple(_clamp(_local_input_box(local, i), spec.shape,
+                                         op.input_offsets[i]) for local in locals_))
+    produced, output_boxes = [], []
+    for o, tensor in enumerate(op.outputs):
+        state = strategy.outputs[o] if strategy is not None else REPLICATED
+        produced.append(state)
+        shape = problem.tensors[tensor].shape
+        zero = (0,) * len(shape)
+        output_boxes.append(tuple(_clamp(local.output_slices[o], shape, zero)
+                                  for local in locals_))
+    label = REPLICATE if strategy is None else f"{strategy.kind[0]}:{strategy.var}"
+    return Choice(label, strategy, tuple(input_boxes), tuple(produced), tuple(output_boxes))
+
+
+def build_choices(problem: Problem) -> None:
+    """Every op's choices: its valid strategies at this k, and replicate."""
+    for op in problem.ops:
+        strategies = [s for s in op.strategies if s.valid_for(problem.k)]
+        problem.choices[op.name] = [make_choice(problem, op, s) for s in strategies] + \
+                                   [make_choice(problem, op, None)]
+
+
+@dataclass
+class _Batch:
+    """Boxes of every (op, choice, tensor) entry, for one `overlaps` call."""
+    boxes: list[np.ndarray] = field(default_factory=list)
+    shapes: list[np.ndarray] = field(default_factory=list)
+
+    def add(self, boxes: tuple[Box, ...], shape: tuple[int, ...], rank: int) -> int:
+        array = np.zeros((len(boxes), rank, 2), dtype=np.int64)
+        array[..., 1] = 1
+        for p, box in enumerate(boxes):
+            if box:
+                array[p, :len(box)] = box
+        padded = np.ones(rank, dtype=np.int64)
+        padded[:len(shape)] = shape
+        self.boxes.append(array)
+        self.shapes.append(padded)
+        return len(self.boxes) - 1
+
+    def run(self, k: int) -> np.ndarray:
+        if not self.boxes:
+            return np.zeros((0, 1), dtype=np.int64)
+        return overlaps(np.stack(self.boxes), np.stack(self.shapes), k)
+
+
+def _state_columns(shape: tuple[int, ...], k: int, rank: int) -> list[int]:
+    return [d for d, n in enumerate(shape) if n >= k] + [rank]
+
+
+def cost_vectors(problem: Problem) -> dict[str, list[list[tuple[str, np.ndarray]]]]:
+    """For each op and choice: [(tensor, bytes per stored state of that tensor), ...]."""
+    k = problem.k
+    rank = max([len(t.shape) for t in problem.tensors.values()] + [1])
+    batch = _Batch()
+    pending: dict[str, list[list[tuple]]] = {}
+    for op in problem.ops:
+        per_choice = []
+        for choice in problem.choices[op.name]:
+            per_choice.append(_pending_entries(problem, op, choice, batch, rank))
+        pending[op.name] = per_choice
+    volumes = batch.run(k)
+    return {name: [[_finish(problem, entry, volumes, rank) for entry in entries]
+                   for entries in per_choice] for name, per_choice in pending.items()}
+
+
+def _pending_entries(problem, op, choice, batch, rank) -> list[tuple]:
+    entries = []
+    for i, boxes in enumerate(choice.input_boxes):
+        if boxes is not None:
+            spec = problem.tensors[op.inputs[i]]
+            entries.append(("fetch", spec, batch.add(boxes, spec.shape, rank), None))
+    for o, state in enumerate(choice.produced):
+        spec = problem.tensors[op.outputs[o]]
+        domain = _domain(choice.output_boxes[o], spec.shape)
+        dom_index = batch.add((domain,) * problem.k, spec.shape, rank)
+        if state.kind == "partial":
+            entries.append(("partial", spec, dom_index, None))
+        elif state.kind == "split":
+            entries.append(("convert", spec, dom_index,
+                            batch.add(choice.output_boxes[o], spec.shape, rank)))
+        else:
+            entries.append(("replicated", spec, dom_index, None))
+    return entries
+
+
+def _domain(boxes: tuple[Box, ...], shape: tuple[int, ...]) -> Box:
+    """The hull of the produced boxes: what this level's op produces of the tensor."""
+    if not boxes or not boxes[0]:
+        return tuple((0, n) for n in shape)
+    return tuple((min(b[d][0] for b in boxes), max(b[d][1] for b in boxes))
+                 for d in range(len(shape)))
+
+
+def _finish(problem, entry, volumes, rank) -> tuple[str, np.ndarray]:
+    kind, spec, first, second = entry
+    cols = _state_columns(spec.shape, problem.k, rank)
+    if kind == "fetch":
+        vols = volumes[first][cols]
+        return spec.name, spec.itemsize * (vols[-1] - vols)
+    held = volumes[first][cols]                  # sum_p |H_p(X) ∩ domain|
+    if kind == "replicated":
+        return spec.name, np.zeros(len(cols), dtype=np.int64)
+    if kind == "partial":
+        size = held[-1] // problem.k              # |domain|
+        factors = np.array([REDUCE_SCATTER_FACTOR] * (len(cols) - 1) + [ALL_REDUCE_FACTOR])
+        return spec.name, spec.itemsize * (problem.k - 1) * size * factors
+    produced = volumes[second][cols]
+    return spec.name, spec.itemsize * (held - produced)
+
+
+def itemsize(dtype: str) -> int:
+    return DTYPE_SIZES.get(dtype, 4)
