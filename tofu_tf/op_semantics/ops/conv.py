@@ -27,8 +27,8 @@ from tofu_tf.op_semantics.localize import replace
 from tofu_tf.op_semantics.registry import semantics
 from tofu_tf.op_semantics.tdl import Eq, ReduceN, where
 
-SPATIAL_NAMES = {1: ("w",), 2: ("h", "w"), 3: ("d", "h", "w")}
-DATA_FORMATS = ("NHWC", "NCHW", "NDHWC", "NCDHW", "NWC", "NCW")
+SPATIAL_NAMES = {2: ("h", "w"), 3: ("d", "h", "w")}
+DATA_FORMATS = ("NHWC", "NCHW", "NDHWC", "NCDHW")
 DEPTHWISE_REASON = ("a part of the channel multiplier reads out_backprop channels c*M + m "
                     "for every c: a strided set no slice can fetch")
 DILATED_GRADIENT_REASON = ("the CPU depthwise gradient kernels reject dilation unless the "
@@ -277,6 +277,13 @@ def _dilated_depthwise_gradient(op_type: str, attrs: Mapping[str, Any]) -> bool:
 
 def _whole_window(ctx, local, const_index: int, sizes: Sequence[int]):
     """Keep the op's own padding: spatial dims arrive whole, so drop the halo padding."""
+    sem = ctx.sem
+    layout = layout_from(sem.attrs, len(sem.input_shapes[2]))
+    for i in (0, 2):                                  # x or dy (input 1 is the filter)
+        if local.input_slices[i] is not None and any(
+                local.input_slices[i][d] != (0, sem.input_shapes[i][d]) for d in layout.spatial):
+            raise PartitionError("a dilated depthwise gradient needs whole spatial dims.",
+                                 node=sem.op_name, op_type=sem.op_type)
     pads = tuple(None if p is None else tuple((0, 0) for _ in p) for p in local.input_pads)
     return replace(local, input_pads=pads, const_inputs={const_index: int_const(sizes)})
 
@@ -311,48 +318,39 @@ def _backprop_input_local(ctx, local):
                    output_crops=(tuple(crop),))
 
 
-@semantics("Conv2DBackpropInput", "Conv3DBackpropInputV2", localize=_backprop_input_local)
-def conv_backprop_input(ctx):
-    """dx[n, i.., ci] = Sum(k.., co: dy.padded(0)[n, (i + p - k*d) / s, co] * w[k.., ci, co])
-    where s divides i + p - k*d."""
+def _input_gradient(ctx, channel_of: Callable, names: tuple[str, str]) -> Layout:
+    """dx[n, i.., a] = Sum(k.., b: dy.padded(0)[n, (i + p - k*d) / s, channel_of(a, b)]
+    * w[k.., a, b]) where s divides i + p - k*d."""
     _, w, dy = ctx.inputs
     ctx.const(0)
     dx_shape = ctx.output_shapes[0]
     layout = layout_of(ctx, len(dx_shape))
-    kernel, (cin, cout) = w.shape[:-2], w.shape[-2:]
+    kernel = w.shape[:-2]
     axes = axes_or_fail(ctx, ctx.attrs, layout, dx_shape, dy.shape, kernel)
     dyp = dy.padded(0)
 
-    def body(n, ins, ci):
+    def body(n, ins, a):
         def term(*r):
-            taps, co = r[:-1], r[-1]
-            read = dyp[layout.pack(n, [a.source(i, k) for a, i, k in zip(axes, ins, taps)], co)]
-            return gated([a.hits(i, k) for a, i, k in zip(axes, ins, taps)], read) \
-                * w[(*taps, ci, co)]
-        return ReduceN("sum", term, (*kernel, cout), names=(*_kernel_names(layout), "co"))
-    compute_layout(ctx, layout, ("n", layout.spatial_names, "ci"), body)
+            taps, b = r[:-1], r[-1]
+            read = dyp[layout.pack(n, [ax.source(i, k) for ax, i, k in zip(axes, ins, taps)],
+                                   channel_of(a, b))]
+            hits = [ax.hits(i, k) for ax, i, k in zip(axes, ins, taps)]
+            return gated(hits, read) * w[(*taps, a, b)]
+        return ReduceN("sum", term, (*kernel, w.shape[-1]),
+                       names=(*_kernel_names(layout), names[1]))
+    compute_layout(ctx, layout, ("n", layout.spatial_names, names[0]), body)
+    return layout
+
+
+@semantics("Conv2DBackpropInput", "Conv3DBackpropInputV2", localize=_backprop_input_local)
+def conv_backprop_input(ctx):
+    _input_gradient(ctx, lambda ci, co: co, ("ci", "co"))
 
 
 @semantics("DepthwiseConv2dNativeBackpropInput", localize=_backprop_input_local)
 def depthwise_backprop_input(ctx):
-    """dx[n, i.., c] = Sum(k.., m: dy.padded(0)[n, (i + p - k*d) / s, c*M + m] * w[k.., c, m])."""
-    _, w, dy = ctx.inputs
-    ctx.const(0)
-    dx_shape = ctx.output_shapes[0]
-    layout = layout_of(ctx, len(dx_shape))
-    kernel, (channels, multiplier) = w.shape[:-2], w.shape[-2:]
-    axes = axes_or_fail(ctx, ctx.attrs, layout, dx_shape, dy.shape, kernel)
-    dyp = dy.padded(0)
-
-    def body(n, ins, c):
-        def term(*r):
-            taps, m = r[:-1], r[-1]
-            read = dyp[layout.pack(n, [a.source(i, k) for a, i, k in zip(axes, ins, taps)],
-                                   c * multiplier + m)]
-            return gated([a.hits(i, k) for a, i, k in zip(axes, ins, taps)], read) \
-                * w[(*taps, c, m)]
-        return ReduceN("sum", term, (*kernel, multiplier), names=(*_kernel_names(layout), "m"))
-    compute_layout(ctx, layout, ("n", layout.spatial_names, "c"), body)
+    channels, multiplier = ctx.inputs[1].shape[-2:]
+    layout = _input_gradient(ctx, lambda c, m: c * multiplier + m, ("c", "m"))
     if channels > 1:
         ctx.unsplittable("m", DEPTHWISE_REASON)
     _keep_spatial_whole(ctx, layout, layout.spatial_names, _kernel_names(layout))
@@ -369,8 +367,9 @@ def _backprop_filter_local(ctx, local):
     return replace(local, attrs=valid_attrs(local.attrs), const_inputs={1: sizes})
 
 
-def _filter_gradient(ctx, channel_of: Callable, multiplier_names: tuple[str, str]):
-    """dw[k.., a, b] = Sum(n, o..: x.padded(0)[n, o*s + k*d - p, a] * dy[n, o.., channel_of(a, b)])."""
+def _filter_gradient(ctx, channel_of: Callable, names: tuple[str, str]) -> Layout:
+    """dw[k.., a, b] = Sum(n, o..: x.padded(0)[n, o*s + k*d - p, a]
+    * dy[n, o.., channel_of(a, b)])."""
     x, _, dy = ctx.inputs
     ctx.const(1)
     layout = layout_of(ctx, x.rank)
@@ -385,7 +384,7 @@ def _filter_gradient(ctx, channel_of: Callable, multiplier_names: tuple[str, str
             n, [ax.tap(oi, k) for ax, oi, k in zip(axes, o, taps)], a)]
             * dy[layout.pack(n, o, channel_of(a, b))],
             (x.shape[0], *outs), names=("n", *_out_names(layout)))
-    ctx.compute(named((*_kernel_names(layout), *multiplier_names), body))
+    ctx.compute(named((*_kernel_names(layout), *names), body))
     return layout
 
 
