@@ -44,6 +44,7 @@ class LocalOp:
         sl, pad = self.input_slices[index], self.input_pads[index]
         if sl is None:
             return None
+        pad = pad if pad is not None else ((0, 0),) * len(sl)
         return tuple(b - a + p0 + p1 for (a, b), (p0, p1) in zip(sl, pad))
 
 

@@ -36,9 +36,16 @@ REDUCE_SCATTER_FACTOR = 1
 ALL_REDUCE_FACTOR = 2        # reduce-scatter, then all-gather
 
 
-def tensor_states(shape: tuple[int, ...], k: int) -> tuple[OutputState, ...]:
-    """Stored states of a tensor at a k-way cut: Split(d) for every dim of size >= k, and R."""
-    return tuple(Split(d) for d, n in enumerate(shape) if n >= k) + (REPLICATED,)
+def tensor_states(shape: tuple[int, ...], k: int, replicate_below: int | None = 0
+                  ) -> tuple[OutputState, ...]:
+    """Stored states of a tensor at a k-way cut: Split(d) for every dim of size >= k; R
+    only for a tensor that cannot be split or has fewer than `replicate_below` elements
+    (None: always allowed). Every other tensor is stored partitioned."""
+    splits = tuple(Split(d) for d, n in enumerate(shape) if n >= k)
+    if replicate_below is None or not splits or \
+            int(np.prod(shape, dtype=np.int64)) < replicate_below:
+        return splits + (REPLICATED,)
+    return splits
 
 
 def held_box(shape: tuple[int, ...], state: OutputState, k: int, part: int) -> Box:

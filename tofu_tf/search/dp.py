@@ -86,7 +86,10 @@ class _Eliminator:
         return sorted(scope)
 
     def size_of(self, v: int) -> int:
-        return int(np.prod([len(self.allowed[u]) for u in self.scope_of(v)], dtype=np.int64))
+        size = 1
+        for u in self.scope_of(v):
+            size *= len(self.allowed[u])          # Python ints: no overflow
+        return size
 
     def eliminate(self, v: int) -> list[int]:
         """Eliminate v; returns the variables whose combined-table size may have changed."""
@@ -114,10 +117,20 @@ class _Eliminator:
         return rest
 
     def _restrict(self, scope: list[int]) -> None:
-        """Fallback past the bound: keep each variable's `beam` best states."""
+        """Fallback past the bound: keep each variable's `beam` best states; if the table
+        is still too large, keep only the best state of the variables with the most."""
         self.restricted += 1
+        beam = self.beam
+        while beam >= 1:
+            self._restrict_to(scope, beam)
+            size = int(np.prod([len(self.allowed[u]) for u in scope], dtype=np.int64))
+            if size <= self.max_table:
+                return
+            beam -= 1
+
+    def _restrict_to(self, scope: list[int], beam: int) -> None:
         for u in scope:
-            if len(self.allowed[u]) <= self.beam:
+            if len(self.allowed[u]) <= beam:
                 continue
             marginal = np.zeros(len(self.allowed[u]))
             for tid in self.touching[u]:
@@ -125,7 +138,7 @@ class _Eliminator:
                 local = t.on(self.allowed, t.scope)
                 axis = t.scope.index(u)
                 marginal += local.min(axis=tuple(a for a in range(local.ndim) if a != axis))
-            keep = np.sort(np.argsort(marginal, kind="stable")[:self.beam])
+            keep = np.sort(np.argsort(marginal, kind="stable")[:beam])
             self.allowed[u] = self.allowed[u][keep]
 
 

@@ -33,7 +33,11 @@ REPLICATE = "replicate"
 class TensorSpec:
     name: str
     shape: tuple[int, ...]
-    itemsize: int
+    dtype: str
+
+    @property
+    def itemsize(self) -> int:
+        return DTYPE_SIZES.get(self.dtype, 4)
 
 
 @dataclass
@@ -59,14 +63,21 @@ class Choice:
 
 @dataclass
 class Problem:
-    """All ops and tensors of one level, and the k of its cut."""
+    """All ops and tensors of one level, and the k of its cut.
+
+    Every tensor with a dim of size >= k is stored split, except those in `replicable`
+    (the variables with their gradients and optimizer slots: replicating them is data
+    parallelism) and those with fewer than `replicate_below` elements."""
     k: int
     ops: list[ProblemOp]
     tensors: dict[str, TensorSpec]
+    replicable: frozenset[str] = frozenset()
+    replicate_below: int = 0
     choices: dict[str, list[Choice]] = field(default_factory=dict)
 
     def states(self, tensor: str) -> tuple[OutputState, ...]:
-        return tensor_states(self.tensors[tensor].shape, self.k)
+        below = None if tensor in self.replicable else self.replicate_below
+        return tensor_states(self.tensors[tensor].shape, self.k, below)
 
 
 def _clamp(box: Box, shape: tuple[int, ...], delta: tuple[int, ...]) -> Box:
@@ -82,9 +93,23 @@ def _local_input_box(local: LocalOp, index: int) -> Box | None:
     return local.input_slices[index]
 
 
+def _opaque_local(op: ProblemOp) -> LocalOp:
+    """An opaque op runs whole on every part: it reads every input entirely."""
+    n_in, n_out = len(op.sem.input_shapes), len(op.sem.output_shapes)
+    return LocalOp(op.sem.op_type, dict(op.sem.attrs),
+                   tuple(tuple((0, n) for n in shape) for shape in op.sem.input_shapes),
+                   tuple(tuple((0, 0) for _ in shape) for shape in op.sem.input_shapes),
+                   (None,) * n_in, {}, tuple(tuple((0, n) for n in shape)
+                                             for shape in op.sem.output_shapes),
+                   (None,) * n_out, (1.0,) * n_out)
+
+
 def make_choice(problem: Problem, op: ProblemOp, strategy: Strategy | None) -> Choice:
     k = problem.k
-    locals_ = [localize(op.sem, strategy, k, p) for p in range(k)]
+    if op.sem.is_opaque:
+        locals_ = [_opaque_local(op)] * k
+    else:
+        locals_ = [localize(op.sem, strategy, k, p) for p in range(k)]
     input_boxes = []
     for i, tensor in enumerate(op.inputs):
         if locals_[0].input_slices[i] is None or tensor not in problem.tensors:
@@ -106,11 +131,16 @@ def make_choice(problem: Problem, op: ProblemOp, strategy: Strategy | None) -> C
 
 
 def build_choices(problem: Problem) -> None:
-    """Every op's choices: its valid strategies at this k, and replicate."""
+    """Every op's choices: its valid strategies at this k. An op runs whole on every part
+    (replicate) only when it has no strategy at this k, or it is opaque, or every tensor
+    it produces may be stored replicated."""
     for op in problem.ops:
         strategies = [s for s in op.strategies if s.valid_for(problem.k)]
-        problem.choices[op.name] = [make_choice(problem, op, s) for s in strategies] + \
-                                   [make_choice(problem, op, None)]
+        choices = [make_choice(problem, op, s) for s in strategies]
+        small = all(REPLICATED in problem.states(t) for t in op.outputs)
+        if not choices or small:
+            choices.append(make_choice(problem, op, None))
+        problem.choices[op.name] = choices
 
 
 @dataclass
@@ -137,8 +167,9 @@ class _Batch:
         return overlaps(np.stack(self.boxes), np.stack(self.shapes), k)
 
 
-def _state_columns(shape: tuple[int, ...], k: int, rank: int) -> list[int]:
-    return [d for d, n in enumerate(shape) if n >= k] + [rank]
+def _state_columns(problem: Problem, spec: TensorSpec, rank: int) -> list[int]:
+    """Columns of `overlaps` for the tensor's states, in `Problem.states` order."""
+    return [rank if s.kind == "replicated" else s.dim for s in problem.states(spec.name)]
 
 
 def cost_vectors(problem: Problem) -> dict[str, list[list[tuple[str, np.ndarray]]]]:
@@ -187,20 +218,92 @@ def _domain(boxes: tuple[Box, ...], shape: tuple[int, ...]) -> Box:
 
 def _finish(problem, entry, volumes, rank) -> tuple[str, np.ndarray]:
     kind, spec, first, second = entry
-    cols = _state_columns(spec.shape, problem.k, rank)
+    cols = _state_columns(problem, spec, rank)
     if kind == "fetch":
         vols = volumes[first][cols]
-        return spec.name, spec.itemsize * (vols[-1] - vols)
+        return spec.name, spec.itemsize * (volumes[first][rank] - vols)
     held = volumes[first][cols]                  # sum_p |H_p(X) ∩ domain|
     if kind == "replicated":
         return spec.name, np.zeros(len(cols), dtype=np.int64)
     if kind == "partial":
-        size = held[-1] // problem.k              # |domain|
-        factors = np.array([REDUCE_SCATTER_FACTOR] * (len(cols) - 1) + [ALL_REDUCE_FACTOR])
+        size = volumes[first][rank] // problem.k  # |domain|
+        factors = np.array([ALL_REDUCE_FACTOR if c == rank else REDUCE_SCATTER_FACTOR
+                            for c in cols])
         return spec.name, spec.itemsize * (problem.k - 1) * size * factors
     produced = volumes[second][cols]
     return spec.name, spec.itemsize * (held - produced)
 
 
-def itemsize(dtype: str) -> int:
-    return DTYPE_SIZES.get(dtype, 4)
+# -- building problems ---------------------------------------------------------------------
+
+def root_problem(graph, entries, k: int, replicable=frozenset(),
+                 replicate_below: int = 0) -> Problem:
+    """Level 1: the planner graph's ops (catalog entries) and tensors."""
+    tensors = {name: TensorSpec(name, t.shape, t.dtype) for name, t in graph.tensors.items()}
+    ops = []
+    for op in graph:
+        entry = entries[op.name]
+        if entry.semantics is None or not entry.semantics.output_shapes and not op.inputs:
+            continue
+        outputs = tuple(op.outputs) + tuple(op.inputs[c.alias]
+                                            for c in entry.semantics.updates)
+        ops.append(ProblemOp(op.name, entry.semantics, entry.strategies, tuple(op.inputs),
+                             outputs, tuple((0,) * len(tensors[t].shape) for t in op.inputs)))
+    return Problem(k, ops, tensors, frozenset(replicable), replicate_below)
+
+
+def sub_problem(problem: Problem, states, choices, k: int) -> Problem:
+    """The problem inside part 0 of this level, for the next level's k-way cut."""
+    tensors = {name: TensorSpec(name, _part0_shape(spec.shape, states.get(name), problem.k),
+                                spec.dtype) for name, spec in problem.tensors.items()}
+    ops = [_local_problem_op(problem, op, choices[op.name], tensors)
+           for op in problem.ops]
+    return Problem(k, ops, tensors, problem.replicable, problem.replicate_below)
+
+
+def _part0_shape(shape, state, k: int) -> tuple[int, ...]:
+    if state is None or state.kind != "split":
+        return shape
+    out = list(shape)
+    out[state.dim] = -(-shape[state.dim] // k)          # part 0 is the largest
+    return tuple(out)
+
+
+def _local_problem_op(problem: Problem, op: ProblemOp, label: str, tensors) -> ProblemOp:
+    """Part 0's local op, re-described so the next level derives its own strategies."""
+    from tofu_tf.op_semantics.analysis import analyze
+    from tofu_tf.op_semantics.registry import describe
+    strategy = next((c.strategy for c in problem.choices[op.name] if c.label == label), None)
+    local = _opaque_local(op) if op.sem.is_opaque else localize(op.sem, strategy, problem.k, 0)
+    in_shapes = [local.local_input_shape(i) or shape
+                 for i, shape in enumerate(op.sem.input_shapes)]
+    out_shapes = [tuple(b - a for a, b in (crop or share)) for share, crop in
+                  zip(local.output_slices, local.output_crops)]
+    offsets = tuple(_offset(op.input_offsets[i], local, i) for i in range(len(op.inputs)))
+    dtypes_in = [tensors[t].dtype for t in op.inputs]
+    dtypes_out = [tensors[t].dtype for t in op.outputs]
+    n_real = op.sem.num_outputs if op.sem.num_outputs is not None else len(out_shapes)
+    constants = {**op.sem.constants, **local.const_inputs}
+    try:
+        sem = describe(op.name, local.op_type, local.attrs, in_shapes, dtypes_in,
+                       out_shapes[:n_real], dtypes_out[:n_real], constants)
+    except Exception as err:  # a local op the descriptions cannot take: keep it whole
+        sem = _opaque_semantics(op, in_shapes, out_shapes, f"local op not describable: {err}")
+    if sem.is_opaque:
+        sem = _opaque_semantics(op, in_shapes, out_shapes, sem.opaque_reason)
+    strategies = () if sem.is_opaque else analyze(sem)
+    return ProblemOp(op.name, sem, strategies, op.inputs, op.outputs, offsets)
+
+
+def _offset(delta, local: LocalOp, index: int) -> tuple[int, ...]:
+    slices, pads = local.input_slices[index], local.input_pads[index]
+    if slices is None:
+        return tuple(delta)
+    pads = pads if pads is not None else ((0, 0),) * len(slices)
+    return tuple(d + a - p0 for d, (a, _), (p0, _) in zip(delta, slices, pads))
+
+
+def _opaque_semantics(op: ProblemOp, in_shapes, out_shapes, reason: str) -> Semantics:
+    return Semantics(op.name, op.sem.op_type, tuple(tuple(s) for s in in_shapes),
+                     tuple(tuple(s) for s in out_shapes), (None,) * len(out_shapes),
+                     frozenset(), reason, op.sem.attrs, len(out_shapes))

@@ -1,0 +1,86 @@
+"""Recursive search over a Topology: one exact cut per level, outermost first.
+
+Level 1 cuts the whole graph k1 ways (dp over the coarse graph). The problem inside one
+level-1 group — every tensor shrunk to its part, every op replaced by its part's local op
+— is the same kind of problem, cut k2 ways; the k1 groups are alike, so it is solved once
+and reused. And so on down the levels. The plan's objective is
+
+    total = c_1 + k_1 * c_2 + k_1 * k_2 * c_3 + ...
+
+in bytes (c_l is the level-l cut's cost inside one group), and in time each c_l moves over
+level l's links. The first cut, which moves the least data, crosses the slowest links.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from tofu_tf.graph import Graph
+from tofu_tf.op_semantics.catalog import OpEntry, catalog
+from tofu_tf.search.coarsen import CoarseGraph, coarsen
+from tofu_tf.search.level import LevelModel, LevelResult, solve_level
+from tofu_tf.search.problem import Problem, root_problem, sub_problem
+from tofu_tf.search.topology import Topology
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    topology: Topology
+    levels: tuple[LevelResult, ...]
+    coarse: CoarseGraph
+    seconds: float
+
+    @property
+    def multipliers(self) -> tuple[int, ...]:
+        """How many groups solve each level's problem (1, k1, k1*k2, ...)."""
+        return tuple(math.prod(self.topology.ways[:i]) for i in range(len(self.levels)))
+
+    @property
+    def bytes_per_level(self) -> tuple[float, ...]:
+        return tuple(m * level.bytes for m, level in zip(self.multipliers, self.levels))
+
+    @property
+    def total_bytes(self) -> float:
+        return float(sum(self.bytes_per_level))
+
+
+def variable_tensors(graph: Graph, coarse: CoarseGraph) -> frozenset[str]:
+    """Tensors grouped with a variable (its reads, gradient, slots, update math)."""
+    groups = {coarse.group_of[v.handle] for v in graph.variables.values()}
+    return frozenset(t for g in groups for t in coarse.members[g])
+
+
+def level_models(graph: Graph, topology: Topology, entries: dict[str, OpEntry] | None = None,
+                 coarse: CoarseGraph | None = None):
+    """Yield (LevelModel, solve) per level; the caller's solver picks each level's result
+    (the DP here, baselines elsewhere) and the next level is built from it."""
+    entries = entries if entries is not None else catalog(graph, strict=True)
+    coarse = coarse if coarse is not None else coarsen(graph, entries)
+    problem: Problem = root_problem(graph, entries, topology.levels[0].ways,
+                                    replicable=variable_tensors(graph, coarse))
+    for index, level in enumerate(topology.levels):
+        model = LevelModel.build(problem, coarse)
+        result = yield model
+        if index + 1 < len(topology.levels):
+            problem = sub_problem(problem, result.states, result.choices,
+                                  topology.levels[index + 1].ways)
+
+
+def search(graph: Graph, topology: Topology, *, solver=solve_level,
+           entries: dict[str, OpEntry] | None = None) -> SearchResult:
+    """Solve every level with `solver(LevelModel) -> LevelResult` (default: exact DP)."""
+    start = time.perf_counter()
+    entries = entries if entries is not None else catalog(graph, strict=True)
+    coarse = coarsen(graph, entries)
+    results = []
+    models = level_models(graph, topology, entries, coarse)
+    model = next(models)
+    while True:
+        results.append(solver(model))
+        try:
+            model = models.send(results[-1])
+        except StopIteration:
+            break
+    return SearchResult(topology, tuple(results), coarse, time.perf_counter() - start)
