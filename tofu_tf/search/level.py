@@ -12,7 +12,7 @@ where the vectors are bytes (cost.py). `solve_level` minimises it exactly with d
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -28,6 +28,7 @@ class LevelModel:
     coarse: CoarseGraph
     vectors: dict[str, list[list[tuple[str, np.ndarray]]]]   # op -> choice -> [(tensor, bytes)]
     domains: list[int]                                        # group -> number of states
+    _tables: dict = field(default_factory=dict, repr=False)
 
     @staticmethod
     def build(problem: Problem, coarse: CoarseGraph) -> "LevelModel":
@@ -46,6 +47,11 @@ class LevelModel:
 
     def op_table(self, op: str) -> tuple[tuple[int, ...], np.ndarray, np.ndarray]:
         """(scope, table = min over choices, argmin choice) over the op's groups."""
+        if op not in self._tables:
+            self._tables[op] = self._op_table(op)
+        return self._tables[op]
+
+    def _op_table(self, op: str) -> tuple[tuple[int, ...], np.ndarray, np.ndarray]:
         scope = self.op_scope(op)
         shape = [self.domains[g] for g in scope]
         per_choice = np.zeros([len(self.vectors[op])] + shape)
@@ -87,13 +93,17 @@ class LevelResult:
     bytes: float
     exact: bool
     seconds: float
+    breakdown: tuple[tuple[str, str, float], ...] = ()   # (op, tensor, bytes), bytes > 0
 
 
-def solve_level(model: LevelModel) -> LevelResult:
+def solve_level(model: LevelModel, max_table: int = dp.MAX_TABLE,
+                beam: int = dp.BEAM) -> LevelResult:
+    """The exact optimum of one level (unless the DP's table bound forces its fallback)."""
     start = time.perf_counter()
     solution = dp.solve(model.domains, model.factors(),
                         order=sorted(range(len(model.domains)),
-                                     key=lambda g: model.coarse.position[g]))
+                                     key=lambda g: model.coarse.position[g]),
+                        max_table=max_table, beam=beam)
     return result_of(model, solution.assignment, solution.exact, time.perf_counter() - start)
 
 
@@ -102,5 +112,8 @@ def result_of(model: LevelModel, assignment, exact: bool, seconds: float) -> Lev
     states = {t: model.group_states(g)[assignment[g]]
               for g, members in enumerate(model.coarse.members) for t in members}
     labels = {op: model.problem.choices[op][c].label for op, c in chosen.items()}
+    breakdown = tuple((op, tensor, float(vector[assignment[model.coarse.group_of[tensor]]]))
+                      for op, c in chosen.items() for tensor, vector in model.vectors[op][c]
+                      if vector[assignment[model.coarse.group_of[tensor]]] > 0)
     return LevelResult(model.problem.k, tuple(assignment), states, labels, total, exact,
-                       seconds)
+                       seconds, breakdown)

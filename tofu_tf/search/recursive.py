@@ -13,12 +13,14 @@ level l's links. The first cut, which moves the least data, crosses the slowest 
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass
 
 from tofu_tf.graph import Graph
 from tofu_tf.op_semantics.catalog import OpEntry, catalog
+from tofu_tf.options import Options
 from tofu_tf.search.coarsen import CoarseGraph, coarsen
 from tofu_tf.search.level import LevelModel, LevelResult, solve_level
 from tofu_tf.search.problem import Problem, root_problem, sub_problem
@@ -53,13 +55,14 @@ def variable_tensors(graph: Graph, coarse: CoarseGraph) -> frozenset[str]:
 
 
 def level_models(graph: Graph, topology: Topology, entries: dict[str, OpEntry] | None = None,
-                 coarse: CoarseGraph | None = None):
+                 coarse: CoarseGraph | None = None, options: Options = Options()):
     """Yield (LevelModel, solve) per level; the caller's solver picks each level's result
     (the DP here, baselines elsewhere) and the next level is built from it."""
     entries = entries if entries is not None else catalog(graph, strict=True)
     coarse = coarse if coarse is not None else coarsen(graph, entries)
     problem: Problem = root_problem(graph, entries, topology.levels[0].ways,
-                                    replicable=variable_tensors(graph, coarse))
+                                    replicable=variable_tensors(graph, coarse),
+                                    replicate_below=options.replicate_below)
     for index, level in enumerate(topology.levels):
         model = LevelModel.build(problem, coarse)
         result = yield model
@@ -68,14 +71,17 @@ def level_models(graph: Graph, topology: Topology, entries: dict[str, OpEntry] |
                                   topology.levels[index + 1].ways)
 
 
-def search(graph: Graph, topology: Topology, *, solver=solve_level,
-           entries: dict[str, OpEntry] | None = None) -> SearchResult:
+def search(graph: Graph, topology: Topology, *, solver=None,
+           entries: dict[str, OpEntry] | None = None, options: Options = Options()
+           ) -> SearchResult:
     """Solve every level with `solver(LevelModel) -> LevelResult` (default: exact DP)."""
     start = time.perf_counter()
+    solver = solver or functools.partial(solve_level, max_table=options.max_dp_table,
+                                         beam=options.dp_beam)
     entries = entries if entries is not None else catalog(graph, strict=True)
     coarse = coarsen(graph, entries)
     results = []
-    models = level_models(graph, topology, entries, coarse)
+    models = level_models(graph, topology, entries, coarse, options)
     model = next(models)
     while True:
         results.append(solver(model))

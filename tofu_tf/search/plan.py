@@ -1,0 +1,166 @@
+"""The Plan: per level, each tensor's stored state and each op's choice, and its bytes.
+
+A Plan is frozen and round-trips through JSON (`to_json` / `from_json`). `str(plan)` is a
+readable summary: totals per level, the tensor groups that move the most bytes and the ops
+that make them move. `make_plan(graph, topology)` runs the search.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Mapping
+
+from tofu_tf.graph import Graph
+from tofu_tf.options import Options
+from tofu_tf.search.recursive import SearchResult, search
+from tofu_tf.search.topology import Level, Topology
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """Bytes one op moves for one tensor at one level (per group of that level)."""
+    op: str
+    tensor: str
+    bytes: float
+
+
+@dataclass(frozen=True)
+class LevelPlan:
+    ways: int
+    bandwidth: float
+    latency: float
+    groups: int                          # how many groups solve this level (1, k1, k1*k2 ...)
+    states: Mapping[str, str]            # tensor -> "S(d)" | "R"
+    choices: Mapping[str, str]           # op -> "o:var" | "r:var" | "replicate"
+    bytes: float                         # one group's cut
+    exact: bool
+    transfers: tuple[Transfer, ...] = ()
+
+    @property
+    def total_bytes(self) -> float:
+        return self.groups * self.bytes
+
+    @property
+    def seconds(self) -> float:
+        return self.total_bytes / (self.ways * self.groups * self.bandwidth)
+
+
+@dataclass(frozen=True)
+class Plan:
+    topology: tuple[tuple[int, float, float], ...]      # (ways, bandwidth, latency) per level
+    levels: tuple[LevelPlan, ...]
+    num_ops: int
+    num_groups: int
+    search_seconds: float
+    groups: Mapping[str, int] = field(default_factory=dict)   # tensor -> coarse group
+    op_types: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def num_devices(self) -> int:
+        return math.prod(level.ways for level in self.levels)
+
+    @property
+    def bytes_per_level(self) -> tuple[float, ...]:
+        return tuple(level.total_bytes for level in self.levels)
+
+    @property
+    def total_bytes(self) -> float:
+        return float(sum(self.bytes_per_level))
+
+    @property
+    def exact(self) -> bool:
+        return all(level.exact for level in self.levels)
+
+    def get_topology(self) -> Topology:
+        return Topology(tuple(Level(k, b, a) for k, b, a in self.topology))
+
+    # -- JSON ------------------------------------------------------------------------------
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["format"] = FORMAT_VERSION
+        return json.dumps(data, sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> "Plan":
+        data = json.loads(text)
+        data.pop("format", None)
+        levels = tuple(LevelPlan(**{**lvl, "transfers": tuple(Transfer(**t) for t in
+                                                                lvl["transfers"])})
+                       for lvl in data.pop("levels"))
+        topology = tuple(tuple(level) for level in data.pop("topology"))
+        return Plan(topology=topology, levels=levels, **data)
+
+    # -- summary ---------------------------------------------------------------------------
+    def heaviest_groups(self, count: int = 8) -> list[tuple[int, float, list[Transfer]]]:
+        """(group, bytes over all levels, its transfers, largest first) for the top groups."""
+        per_group: dict[int, list[Transfer]] = defaultdict(list)
+        total: dict[int, float] = defaultdict(float)
+        for level in self.levels:
+            for t in level.transfers:
+                g = self.groups.get(t.tensor, -1)
+                per_group[g].append(Transfer(t.op, t.tensor, t.bytes * level.groups))
+                total[g] += t.bytes * level.groups
+        ranked = sorted(total, key=total.get, reverse=True)[:count]
+        return [(g, total[g], sorted(per_group[g], key=lambda t: -t.bytes)) for g in ranked]
+
+    def __str__(self) -> str:
+        lines = [f"Plan for {self.num_devices} devices "
+                 f"({'x'.join(str(lvl.ways) for lvl in self.levels)}): "
+                 f"{_human(self.total_bytes)} moved per step, {self.num_ops} ops in "
+                 f"{self.num_groups} groups, searched in {self.search_seconds:.2f} s"
+                 + ("" if self.exact else " (DP fallback used: not proven optimal)")]
+        for i, level in enumerate(self.levels):
+            lines.append(f"  level {i + 1}: {level.ways}-way cut x {level.groups} group(s): "
+                         f"{_human(level.total_bytes)}")
+        lines.append("  heaviest tensor groups:")
+        for g, total, transfers in self.heaviest_groups():
+            top = transfers[0]
+            why = (f"{top.op} ({self.op_types.get(top.op, '?')}, "
+                   f"{self._choice(top.op)}) moves {_human(top.bytes)} of {top.tensor} "
+                   f"[{self._state(top.tensor)}]")
+            lines.append(f"    {_human(total):>10s}  group {g}: {why}"
+                         + (f"; +{len(transfers) - 1} more" if len(transfers) > 1 else ""))
+        return "\n".join(lines)
+
+    def _choice(self, op: str) -> str:
+        return "/".join(level.choices.get(op, "?") for level in self.levels)
+
+    def _state(self, tensor: str) -> str:
+        return "/".join(level.states.get(tensor, "?") for level in self.levels)
+
+
+def _human(num_bytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(num_bytes) < 1024 or unit == "GiB":
+            return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
+        num_bytes /= 1024
+    return f"{num_bytes:.1f} GiB"
+
+
+def plan_from_search(result: SearchResult, graph: Graph) -> Plan:
+    levels = []
+    for level, spec, groups in zip(result.levels, result.topology.levels, result.multipliers):
+        levels.append(LevelPlan(
+            spec.ways, spec.bandwidth, spec.latency, groups,
+            {t: str(s) for t, s in level.states.items()}, dict(level.choices), level.bytes,
+            level.exact, tuple(Transfer(op, t, b) for op, t, b in level.breakdown)))
+    return Plan(tuple((lvl.ways, lvl.bandwidth, lvl.latency) for lvl in result.topology.levels),
+                tuple(levels), len(graph), result.coarse.num_groups, result.seconds,
+                dict(result.coarse.group_of), {op.name: op.type for op in graph})
+
+
+def make_plan(graph: Graph, topology: Topology | None = None, *, num_devices: int | None = None,
+              options: Options = Options()) -> Plan:
+    """Search the communication-minimal plan of `graph` over `topology` (or num_devices)."""
+    start = time.perf_counter()
+    topology = topology or Topology.default(num_devices)
+    result = search(graph, topology, options=options)
+    plan = plan_from_search(result, graph)
+    return Plan(**{**{f: getattr(plan, f) for f in plan.__dataclass_fields__},
+                   "search_seconds": time.perf_counter() - start})
