@@ -211,3 +211,17 @@ def test_importing_tofu_tf_does_not_load_the_op():
     code = ("import sys, tofu_tf, tofu_tf.cc, tofu_tf.search.cost\n"
             "assert 'tensorflow' not in sys.modules\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_int32_and_strided_inputs_are_converted(cost_module):
+    boxes, shapes, k = random_case(np.random.default_rng(11))
+    expected = overlaps_numpy(boxes, shapes, k)
+    strided = np.asfortranarray(boxes.astype(np.int32))
+    np.testing.assert_array_equal(cost_op.overlaps(strided, shapes.tolist(), k, backend="c++"),
+                                  expected)
+
+
+def test_aligned_empty_is_aligned_and_contiguous():
+    array = cost_op.aligned_empty((5, 8, 4, 2))
+    assert array.ctypes.data % cost_op.ALIGNMENT == 0
+    assert array.flags.c_contiguous and array.dtype == np.int64 and array.shape == (5, 8, 4, 2)
