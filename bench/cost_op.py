@@ -62,6 +62,7 @@ def machine() -> dict:
     return {"nproc": os.cpu_count(), "cpu": _cpu_model(), "python": platform.python_version(),
             "tensorflow": tf.__version__, "numpy": np.__version__,
             "tf_intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
+            "load_average_1min": os.getloadavg()[0],    # other work on the machine skews timings
             "compile_flags": " ".join(build.BASE_FLAGS)}
 
 
