@@ -62,7 +62,11 @@ def library_name(compiler: str) -> str:
     """`tofu_cost_op-tf<version>-<hash of source, TF version and compile command>.so`."""
     tf = _import_tensorflow()
     command = compile_command(compiler, Path("SOURCE"), Path("OUTPUT"))
-    digest = hashlib.sha256(SOURCE.read_bytes())
+    try:
+        digest = hashlib.sha256(SOURCE.read_bytes())
+    except OSError as error:
+        raise CustomOpBuildError(f"cannot read the op source {SOURCE}: {error}.",
+                                 fix="reinstall tofu_tf; the package ships cost_op.cc.") from error
     digest.update(tf.__version__.encode())
     digest.update("\0".join(command).encode())
     return f"{_tf_prefix(tf.__version__)}{digest.hexdigest()[:16]}.so"
