@@ -120,7 +120,6 @@ class InputRegion:
 @dataclass(frozen=True)
 class Strategy:
     """Split one variable of an op k ways: what each part needs and what it produces."""
-    op_name: str
     var: str
     kind: str                            # "output" | "reduce"
     extent: int
@@ -273,7 +272,7 @@ def _strategy(sem: Semantics, kind: str, name: str, extent: int) -> Strategy:
                 state = Partial(red.reducer)
         collector.walk(compute.body, env)
         states.append(state)
-    return Strategy(sem.op_name, name, kind, extent, _regions(sem, collector), tuple(states),
+    return Strategy(name, kind, extent, _regions(sem, collector), tuple(states),
                     sem.input_shapes)
 
 

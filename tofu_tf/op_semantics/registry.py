@@ -257,3 +257,21 @@ def describe_op(graph, op) -> Semantics:
     return describe(op.name, op.type, op.attrs, [t.shape for t in ins],
                     [t.dtype for t in ins], [t.shape for t in outs],
                     [t.dtype for t in outs], constants)
+
+
+def freeze(value: Any) -> Any:
+    """A hashable stand-in for attrs and constants (arrays by shape, dtype and bytes)."""
+    if isinstance(value, np.ndarray):
+        return ("ndarray", value.shape, value.dtype.str, value.tobytes())
+    if isinstance(value, Mapping):
+        return tuple(sorted((k, freeze(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(freeze(v) for v in value)
+    return value
+
+
+def signature(op_type: str, attrs: Mapping[str, Any], input_shapes, input_dtypes,
+              output_shapes, output_dtypes, constants) -> tuple:
+    """Two ops with equal signatures have the same semantics up to their names."""
+    return (op_type, freeze(attrs), freeze(input_shapes), tuple(input_dtypes),
+            freeze(output_shapes), tuple(output_dtypes), freeze(constants or {}))

@@ -14,6 +14,9 @@ Rules, applied in order with a union-find (only tensors of equal shape are tied)
                  ties its output to those inputs.
 5. time steps:   ops of one type and signature that read the same weight group (the steps
                  of an unrolled RNN) tie their outputs.
+6. siblings:     three or more same-shape outputs of one op (Unpack of the steps, Split of
+                 the gates), or three or more same-shape inputs of one op (Pack of the
+                 steps' gradients, a ConcatV2 of equal pieces), tie.
 Every op stays in the problem; coarsening only decides which tensors move together.
 """
 
@@ -28,6 +31,7 @@ from tofu_tf.op_semantics.analysis import Strategy
 from tofu_tf.op_semantics.catalog import DESCRIBED, OpEntry
 
 GRADIENT_SUMS = ("AddN", "AddV2", "Add")
+SIBLINGS = 3            # same-shape outputs (or inputs) of one op that tie (rule 6)
 
 
 class _UnionFind:
@@ -160,6 +164,18 @@ class _Coarsener:
                 for a, b in zip(ops[0].outputs, other.outputs):
                     self.tie(a, b, "time steps")
 
+    def siblings(self) -> None:
+        for op in self.graph:
+            for tensors in (op.outputs, op.inputs):
+                by_shape: dict[tuple, list[str]] = defaultdict(list)
+                for t in tensors:
+                    if self.graph.tensor(t).rank > 0:
+                        by_shape[self.graph.tensor(t).shape].append(t)
+                for same in by_shape.values():
+                    if len(same) >= SIBLINGS:
+                        for t in same[1:]:
+                            self.tie(same[0], t, "siblings")
+
     def result(self) -> CoarseGraph:
         order = {op.name: i for i, op in enumerate(self.graph)}
         position_of_op = {op.name: order[op.forward_op] + 0.5 if op.forward_op else order[op.name]
@@ -184,4 +200,5 @@ def coarsen(graph: Graph, entries: Mapping[str, OpEntry]) -> CoarseGraph:
     c.variables()
     c.elementwise()
     c.time_steps()
+    c.siblings()
     return c.result()

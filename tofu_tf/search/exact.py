@@ -48,7 +48,9 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from tofu_tf.errors import PlanInfeasibleError, TofuError
 from tofu_tf.graph import Graph
 from tofu_tf.search import dp
-from tofu_tf.search.coarsen import CoarseGraph
+from tofu_tf.op_semantics.analysis import OutputState
+from tofu_tf.op_semantics.catalog import OpEntry, catalog
+from tofu_tf.search.coarsen import CoarseGraph, coarsen
 from tofu_tf.search.level import LevelModel, LevelResult, result_of
 from tofu_tf.search.problem import (Problem, ProblemOp, TensorSpec, build_choices,
                                     cost_vectors, sub_problem)
@@ -277,3 +279,292 @@ def ilp_search(graph: Graph, topology: Topology,
                time_limit: float = DEFAULT_TIME_LIMIT) -> SearchResult:
     """The recursive search with every level solved by ILP."""
     return search(graph, topology, solver=lambda model: ilp_level(model, time_limit))
+
+
+# -- joint optimum of all levels ------------------------------------------------------------
+
+class JointMethod(enum.Enum):
+    """Which exact solver minimises the joint problem."""
+    DP = "dp"          # dp.solve over the op tables
+    ILP = "ilp"        # ilp_minimum over the joint choices
+    BOTH = "both"      # both; they must agree
+
+
+@dataclass(frozen=True)
+class StateTree:
+    """A group's joint states from one level down: its states at this level and, per
+    state, the tree of the part shape that state leaves. The leaves, depth first, are the
+    joint states; `offsets[s]:offsets[s + 1]` are the leaves below state s."""
+    states: tuple[OutputState, ...]
+    children: tuple["StateTree", ...]          # per state; empty at the last level
+    offsets: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        return self.offsets[-1]
+
+    def leaf(self, path: tuple[int, ...]) -> int:
+        """The leaf index of a path of state indices, one per level."""
+        below = self.children[path[0]].leaf(path[1:]) if self.children else 0
+        return self.offsets[path[0]] + below
+
+
+def _empty_problem(base: Problem, k: int, tensors: dict[str, TensorSpec]) -> Problem:
+    return Problem(k, [], tensors, base.replicable, base.replicate_below)
+
+
+def _part_tensors(problem: Problem, states: dict[str, OutputState], k_next: int
+                  ) -> dict[str, TensorSpec]:
+    """The next level's tensors of `problem` (part 0's shapes under `states`)."""
+    return sub_problem(_empty_problem(problem, problem.k, problem.tensors), states, {},
+                       k_next).tensors
+
+
+def state_tree(spec: TensorSpec, base: Problem, ways: tuple[int, ...]) -> StateTree:
+    """The joint state tree of a tensor at the cuts `ways` (outermost first)."""
+    here = _empty_problem(base, ways[0], {spec.name: spec})
+    states = here.states(spec.name)
+    children: tuple[StateTree, ...] = ()
+    if len(ways) > 1:
+        children = tuple(state_tree(_part_tensors(here, {spec.name: s}, ways[1])[spec.name],
+                                    base, ways[1:]) for s in states)
+    sizes = [child.size for child in children] or [1] * len(states)
+    return StateTree(states, children, tuple(int(v) for v in np.cumsum([0] + sizes)))
+
+
+@dataclass
+class _Context:
+    """One op at one level under fixed outer choices and states: its choices and their
+    vectors, summed per group."""
+    problem: Problem                           # the op alone, with its tensors
+    vectors: list[dict[int, np.ndarray]]       # per choice: group -> bytes per state
+
+    @property
+    def op(self) -> ProblemOp:
+        return self.problem.ops[0]
+
+    def label(self, choice: int) -> str:
+        return self.problem.choices[self.op.name][choice].label
+
+
+@dataclass
+class _Walk:
+    """Builds and caches the contexts of deeper levels (sub_problem for one op)."""
+    base: Problem
+    coarse: CoarseGraph
+    ways: tuple[int, ...]
+    limit: int                                         # most joint choices in all
+    local_ops: dict = field(default_factory=dict)      # (id(op), choice) -> (op, local op)
+    contexts: dict = field(default_factory=dict)       # (id(local op), shapes) -> _Context
+    choices: int = 0                                   # joint choices made so far
+
+    def count(self, more: int, context: _Context) -> None:
+        self.choices += more
+        if self.choices > self.limit:
+            raise TofuError(
+                f"the joint problem has more than {self.limit} joint choices (op choices "
+                f"under every state combination of their groups at {len(self.ways)} levels "
+                f"{'x'.join(map(str, self.ways))}); it is meant for tiny graphs.",
+                node=context.op.name, op_type=context.op.sem.op_type,
+                fix="use fewer devices or a smaller model, or raise max_joint_choices.")
+
+    def root(self, model: LevelModel, op: ProblemOp) -> _Context:
+        tensors = {t: model.problem.tensors[t] for t in op.inputs + op.outputs}
+        problem = Problem(model.problem.k, [op], tensors, self.base.replicable,
+                          self.base.replicate_below, {op.name: model.problem.choices[op.name]})
+        return _Context(problem, [_merged(model, entries) for entries in model.vectors[op.name]])
+
+    def next(self, context: _Context, choice: int, states: dict[str, OutputState],
+             level: int) -> _Context:
+        """The context one level down, after `choice` with the tensors in `states`."""
+        k_next = self.ways[level + 1]
+        key = (id(context.op), choice)
+        if key not in self.local_ops:
+            local = sub_problem(context.problem, {}, {context.op.name: context.label(choice)},
+                                k_next).ops[0]
+            self.local_ops[key] = (context.op, local)
+        local = self.local_ops[key][1]
+        tensors = _part_tensors(context.problem, states, k_next)
+        shapes = tuple(sorted((t, spec.shape) for t, spec in tensors.items()))
+        if (id(local), shapes) not in self.contexts:
+            self.contexts[id(local), shapes] = self._context(local, tensors, k_next)
+        return self.contexts[id(local), shapes]
+
+    def _context(self, op: ProblemOp, tensors, k: int) -> _Context:
+        problem = Problem(k, [op], tensors, self.base.replicable, self.base.replicate_below)
+        build_choices(problem)
+        vectors = cost_vectors(problem)[op.name]
+        model = LevelModel(problem, self.coarse, {op.name: vectors}, [])
+        return _Context(problem, [_merged(model, entries) for entries in vectors])
+
+
+def _check_scope(context: _Context, merged: dict[int, np.ndarray], scope, level: int) -> None:
+    outside = sorted(set(merged) - set(scope))
+    if outside:
+        raise TofuError(
+            f"at level {level + 1} the op touches tensor groups {outside} that none of its "
+            f"level-1 choices touches; the joint problem enumerates states only over the "
+            f"level-1 groups {list(scope)}.", node=context.op.name,
+            op_type=context.op.sem.op_type,
+            fix="compare with the recursive search only (search.recursive.search).")
+
+
+def _joint_choices(walk: "_Walk", context: _Context, scope: tuple[int, ...],
+                   trees: list[StateTree], level: int) -> list[tuple[tuple, list[np.ndarray]]]:
+    """Every joint choice of the op from `level` down: (key, vector per scope group over
+    the leaves of its tree), key = (label_l, K_l, ..., label_L)."""
+    scale = math.prod(walk.ways[:level])
+    out = []
+    for choice, merged in enumerate(context.vectors):
+        _check_scope(context, merged, scope, level)
+        here = [scale * merged.get(g, np.zeros(len(tree.states)))
+                for g, tree in zip(scope, trees)]
+        if level == len(walk.ways) - 1:
+            walk.count(1, context)
+            out.append(((context.label(choice),), here))
+            continue
+        for states in itertools.product(*(range(len(tree.states)) for tree in trees)):
+            child = walk.next(context, choice, _tensor_states(walk, context, scope, trees,
+                                                              states), level)
+            below = _joint_choices(walk, child, scope,
+                                   [tree.children[s] for tree, s in zip(trees, states)],
+                                   level + 1)
+            for key, vectors in below:
+                out.append(((context.label(choice), states) + key,
+                            _lift(trees, states, here, vectors)))
+    return out
+
+
+def _tensor_states(walk: "_Walk", context: _Context, scope, trees, states
+                   ) -> dict[str, OutputState]:
+    """The stored state of each of the op's tensors in a scope group."""
+    position = {g: i for i, g in enumerate(scope)}
+    out = {}
+    for tensor in context.problem.tensors:
+        i = position.get(walk.coarse.group_of[tensor])
+        if i is not None:
+            out[tensor] = trees[i].states[states[i]]
+    return out
+
+
+def _lift(trees, states, here, below) -> list[np.ndarray]:
+    """Vectors over a tree's leaves: this level's cost plus the deeper one below the
+    chosen state, +inf on every other leaf."""
+    out = []
+    for tree, s, cost, deeper in zip(trees, states, here, below):
+        vector = np.full(tree.size, np.inf)
+        vector[tree.offsets[s]:tree.offsets[s + 1]] = cost[s] + deeper
+        out.append(vector)
+    return out
+
+
+@dataclass(frozen=True)
+class JointSolution:
+    """The joint optimum: a leaf (joint state) per group and the objective in bytes."""
+    cost: float
+    leaves: tuple[int, ...]
+    method: JointMethod
+    seconds: float
+
+
+@dataclass(frozen=True)
+class JointModel:
+    """The product-domain problem of all levels, in LevelModel form (problem=None):
+    domains are leaf counts, vectors are joint choices' bytes over leaves."""
+    model: LevelModel
+    trees: tuple[StateTree, ...]                       # per group
+    keys: dict[str, list[tuple]]                       # op -> key per joint choice
+    ways: tuple[int, ...]
+
+    def plan_leaves(self, result: SearchResult) -> tuple[int, ...]:
+        """The joint state of each group under a recursive plan."""
+        return tuple(tree.leaf(tuple(level.assignment[g] for level in result.levels))
+                     for g, tree in enumerate(self.trees))
+
+    def plan_cost(self, result: SearchResult) -> float:
+        """The joint objective of a recursive plan's own states and choices; equals its
+        total_bytes when the joint pieces match sub_problem."""
+        leaves, total = self.plan_leaves(result), 0.0
+        for op, choices in self.model.vectors.items():
+            scope = self.model.op_scope(op)
+            if not scope:
+                continue
+            key = _plan_key(result, op, scope)
+            entries = choices[self.keys[op].index(key)]
+            total += sum(float(v[leaves[self.model.coarse.group_of[t]]]) for t, v in entries)
+        return total
+
+    def solve(self, method: JointMethod = JointMethod.DP,
+              time_limit: float = DEFAULT_TIME_LIMIT) -> JointSolution:
+        start = time.perf_counter()
+        found = {}
+        if method in (JointMethod.DP, JointMethod.BOTH):
+            found[JointMethod.DP] = self._dp()
+        if method in (JointMethod.ILP, JointMethod.BOTH):
+            found[JointMethod.ILP] = self._ilp(time_limit)
+        costs = {m: self.model.evaluate(leaves)[0] for m, leaves in found.items()}
+        if len(set(costs.values())) > 1:
+            raise TofuError(f"the joint DP and ILP disagree: {costs}.",
+                            fix="report this: both are exact on the same problem.")
+        leaves = found[JointMethod.DP if method is JointMethod.BOTH else method]
+        return JointSolution(costs[next(iter(found))], leaves, method,
+                             time.perf_counter() - start)
+
+    def _dp(self) -> tuple[int, ...]:
+        order = sorted(range(len(self.trees)), key=lambda g: self.model.coarse.position[g])
+        solution = dp.solve(self.model.domains, self.model.factors(), order=order)
+        if not solution.exact:
+            raise TofuError(
+                f"the joint DP needed a table larger than {dp.MAX_TABLE} entries "
+                f"(largest {solution.max_table}); its answer would not be exact.",
+                fix="use JointMethod.ILP for this graph.")
+        return solution.assignment
+
+    def _ilp(self, time_limit: float) -> tuple[int, ...]:
+        solution = ilp_minimum(self.model, time_limit)
+        if not solution.optimal:
+            raise PlanInfeasibleError(
+                f"HiGHS did not prove the joint ILP optimal within {time_limit:g} s "
+                f"({solution.variables} variables, {solution.constraints} constraints).",
+                fix="raise time_limit, or use JointMethod.DP.")
+        return solution.assignment
+
+
+def _plan_key(result: SearchResult, op: str, scope: tuple[int, ...]) -> tuple:
+    key: tuple = ()
+    for level in result.levels[:-1]:
+        key += (level.choices[op], tuple(level.assignment[g] for g in scope))
+    return key + (result.levels[-1].choices[op],)
+
+
+def joint_model(graph: Graph, topology: Topology, *,
+                entries: dict[str, OpEntry] | None = None,
+                max_joint_choices: int = MAX_JOINT_CHOICES) -> JointModel:
+    """Build the joint problem of every level of `topology` (see the module docstring)."""
+    entries = entries if entries is not None else catalog(graph, strict=True)
+    coarse = coarsen(graph, entries)
+    root = next(level_models(graph, topology, entries, coarse))
+    base, ways = root.problem, topology.ways
+    trees = tuple(state_tree(base.tensors[members[0]], base, ways)
+                  for members in coarse.members)
+    walk = _Walk(base, coarse, ways, max_joint_choices)
+    vectors, keys = {}, {}
+    for op in base.ops:
+        scope = root.op_scope(op.name)
+        choices = _joint_choices(walk, walk.root(root, op), scope,
+                                 [trees[g] for g in scope], 0)
+        keys[op.name] = [key for key, _ in choices]
+        vectors[op.name] = [[(coarse.members[g][0], v) for g, v in zip(scope, joint)]
+                            for _, joint in choices]
+    model = LevelModel(None, coarse, vectors, [tree.size for tree in trees])
+    return JointModel(model, trees, keys, ways)
+
+
+def joint_optimum(graph: Graph, topology: Topology,
+                  method: JointMethod = JointMethod.DP,
+                  time_limit: float = DEFAULT_TIME_LIMIT,
+                  max_joint_choices: int = MAX_JOINT_CHOICES) -> float:
+    """min over all levels' states and choices of c_1 + k_1 c_2 + k_1 k_2 c_3 + ...,
+    in bytes: a lower bound of every recursive plan's total_bytes."""
+    joint = joint_model(graph, topology, max_joint_choices=max_joint_choices)
+    return joint.solve(method, time_limit).cost

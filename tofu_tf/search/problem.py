@@ -15,6 +15,7 @@ state of each touched tensor (formulas in cost.py), batched through one `overlap
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,6 +23,7 @@ import numpy as np
 from tofu_tf.graph import DTYPE_SIZES
 from tofu_tf.op_semantics.analysis import REPLICATED, OutputState, Strategy
 from tofu_tf.op_semantics.localize import LocalOp, localize
+from tofu_tf.op_semantics.memo import SemanticsMemo
 from tofu_tf.op_semantics.registry import Semantics
 from tofu_tf.search.cost import (ALL_REDUCE_FACTOR, REDUCE_SCATTER_FACTOR, Box, overlaps,
                                  tensor_states)
@@ -49,6 +51,7 @@ class ProblemOp:
     inputs: tuple[str, ...]                          # tensor per semantics input
     outputs: tuple[str, ...]                         # tensor per output (updates: the variable)
     input_offsets: tuple[tuple[int, ...], ...]       # local input coord + delta = tensor coord
+    key: tuple | None = None                         # semantics signature (None: unique)
 
 
 @dataclass(frozen=True)
@@ -130,17 +133,34 @@ def make_choice(problem: Problem, op: ProblemOp, strategy: Strategy | None) -> C
     return Choice(label, strategy, tuple(input_boxes), tuple(produced), tuple(output_boxes))
 
 
+def geometry(problem: Problem, op: ProblemOp) -> tuple | None:
+    """Ops with equal geometry have equal choices and cost vectors (up to tensor names)."""
+    if op.key is None:
+        return None
+    return (op.key, op.input_offsets,
+            tuple(problem.tensors[t].shape for t in op.inputs),
+            tuple(problem.tensors[t].shape for t in op.outputs),
+            tuple(problem.states(t) for t in op.inputs + op.outputs))
+
+
 def build_choices(problem: Problem) -> None:
     """Every op's choices: its valid strategies at this k. An op runs whole on every part
     (replicate) only when it has no strategy at this k, or it is opaque, or every tensor
-    it produces may be stored replicated."""
+    it produces may be stored replicated. Equal geometries share one list."""
+    memo: dict[tuple, list[Choice]] = {}
     for op in problem.ops:
+        key = geometry(problem, op)
+        if key is not None and key in memo:
+            problem.choices[op.name] = memo[key]
+            continue
         strategies = [s for s in op.strategies if s.valid_for(problem.k)]
         choices = [make_choice(problem, op, s) for s in strategies]
         small = all(REPLICATED in problem.states(t) for t in op.outputs)
         if not choices or small:
             choices.append(make_choice(problem, op, None))
         problem.choices[op.name] = choices
+        if key is not None:
+            memo[key] = choices
 
 
 @dataclass
@@ -173,38 +193,49 @@ def _state_columns(problem: Problem, spec: TensorSpec, rank: int) -> list[int]:
 
 
 def cost_vectors(problem: Problem) -> dict[str, list[list[tuple[str, np.ndarray]]]]:
-    """For each op and choice: [(tensor, bytes per stored state of that tensor), ...]."""
+    """For each op and choice: [(tensor, bytes per stored state of that tensor), ...].
+    Equal geometries are computed once; all boxes go through one `overlaps` call."""
     k = problem.k
     rank = max([len(t.shape) for t in problem.tensors.values()] + [1])
     batch = _Batch()
-    pending: dict[str, list[list[tuple]]] = {}
+    pending: dict[tuple, list[list[tuple]]] = {}
+    first_of: dict[str, tuple] = {}
     for op in problem.ops:
-        per_choice = []
-        for choice in problem.choices[op.name]:
-            per_choice.append(_pending_entries(problem, op, choice, batch, rank))
-        pending[op.name] = per_choice
+        key = geometry(problem, op) or ("unique", op.name)
+        first_of[op.name] = key
+        if key not in pending:
+            pending[key] = [_pending_entries(problem, op, choice, batch, rank)
+                            for choice in problem.choices[op.name]]
     volumes = batch.run(k)
-    return {name: [[_finish(problem, entry, volumes, rank) for entry in entries]
-                   for entries in per_choice] for name, per_choice in pending.items()}
+    finished = {key: [[_finish(problem, entry, volumes, rank) for entry in entries]
+                      for entries in per_choice] for key, per_choice in pending.items()}
+    return {op.name: [[(_tensor_at(op, position), vector) for position, vector in entries]
+                      for entries in finished[first_of[op.name]]] for op in problem.ops}
+
+
+def _tensor_at(op: ProblemOp, position: tuple[str, int]) -> str:
+    kind, index = position
+    return op.inputs[index] if kind == "in" else op.outputs[index]
 
 
 def _pending_entries(problem, op, choice, batch, rank) -> list[tuple]:
+    """(kind, position, tensor spec, batch rows) per tensor the choice moves."""
     entries = []
     for i, boxes in enumerate(choice.input_boxes):
         if boxes is not None:
             spec = problem.tensors[op.inputs[i]]
-            entries.append(("fetch", spec, batch.add(boxes, spec.shape, rank), None))
+            entries.append(("fetch", ("in", i), spec, batch.add(boxes, spec.shape, rank), None))
     for o, state in enumerate(choice.produced):
         spec = problem.tensors[op.outputs[o]]
         domain = _domain(choice.output_boxes[o], spec.shape)
         dom_index = batch.add((domain,) * problem.k, spec.shape, rank)
         if state.kind == "partial":
-            entries.append(("partial", spec, dom_index, None))
+            entries.append(("partial", ("out", o), spec, dom_index, None))
         elif state.kind == "split":
-            entries.append(("convert", spec, dom_index,
+            entries.append(("convert", ("out", o), spec, dom_index,
                             batch.add(choice.output_boxes[o], spec.shape, rank)))
         else:
-            entries.append(("replicated", spec, dom_index, None))
+            entries.append(("replicated", ("out", o), spec, dom_index, None))
     return entries
 
 
@@ -216,22 +247,22 @@ def _domain(boxes: tuple[Box, ...], shape: tuple[int, ...]) -> Box:
                  for d in range(len(shape)))
 
 
-def _finish(problem, entry, volumes, rank) -> tuple[str, np.ndarray]:
-    kind, spec, first, second = entry
+def _finish(problem, entry, volumes, rank) -> tuple[tuple[str, int], np.ndarray]:
+    kind, position, spec, first, second = entry
     cols = _state_columns(problem, spec, rank)
     if kind == "fetch":
         vols = volumes[first][cols]
-        return spec.name, spec.itemsize * (volumes[first][rank] - vols)
+        return position, spec.itemsize * (volumes[first][rank] - vols)
     held = volumes[first][cols]                  # sum_p |H_p(X) ∩ domain|
     if kind == "replicated":
-        return spec.name, np.zeros(len(cols), dtype=np.int64)
+        return position, np.zeros(len(cols), dtype=np.int64)
     if kind == "partial":
         size = volumes[first][rank] // problem.k  # |domain|
         factors = np.array([ALL_REDUCE_FACTOR if c == rank else REDUCE_SCATTER_FACTOR
                             for c in cols])
-        return spec.name, spec.itemsize * (problem.k - 1) * size * factors
+        return position, spec.itemsize * (problem.k - 1) * size * factors
     produced = volumes[second][cols]
-    return spec.name, spec.itemsize * (held - produced)
+    return position, spec.itemsize * (held - produced)
 
 
 # -- building problems ---------------------------------------------------------------------
@@ -248,7 +279,8 @@ def root_problem(graph, entries, k: int, replicable=frozenset(),
         outputs = tuple(op.outputs) + tuple(op.inputs[c.alias]
                                             for c in entry.semantics.updates)
         ops.append(ProblemOp(op.name, entry.semantics, entry.strategies, tuple(op.inputs),
-                             outputs, tuple((0,) * len(tensors[t].shape) for t in op.inputs)))
+                             outputs, tuple((0,) * len(tensors[t].shape) for t in op.inputs),
+                             entry.signature))
     return Problem(k, ops, tensors, frozenset(replicable), replicate_below)
 
 
@@ -256,7 +288,9 @@ def sub_problem(problem: Problem, states, choices, k: int) -> Problem:
     """The problem inside part 0 of this level, for the next level's k-way cut."""
     tensors = {name: TensorSpec(name, _part0_shape(spec.shape, states.get(name), problem.k),
                                 spec.dtype) for name, spec in problem.tensors.items()}
-    ops = [_local_problem_op(problem, op, choices[op.name], tensors)
+    memo = SemanticsMemo()
+    local_memo: dict[tuple, tuple] = {}
+    ops = [_local_problem_op(problem, op, choices[op.name], tensors, memo, local_memo)
            for op in problem.ops]
     return Problem(k, ops, tensors, problem.replicable, problem.replicate_below)
 
@@ -269,38 +303,64 @@ def _part0_shape(shape, state, k: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _local_problem_op(problem: Problem, op: ProblemOp, label: str, tensors) -> ProblemOp:
+def _local_problem_op(problem: Problem, op: ProblemOp, label: str, tensors,
+                      memo: SemanticsMemo, local_memo: dict) -> ProblemOp:
     """Part 0's local op, re-described so the next level derives its own strategies."""
-    from tofu_tf.op_semantics.analysis import analyze
-    from tofu_tf.op_semantics.registry import describe
+    key = (op.key, label, problem.k) if op.key is not None else None
+    if key is None or key not in local_memo:
+        built = _describe_local(problem, op, label, tensors, memo)
+        if key is None:
+            sem, strategies, shifts, sig = built
+            return ProblemOp(op.name, sem, strategies, op.inputs, op.outputs,
+                             _shifted(op.input_offsets, shifts), sig)
+        local_memo[key] = built
+    sem, strategies, shifts, sig = local_memo[key]
+    if sem.op_name != op.name:
+        sem = dataclasses.replace(sem, op_name=op.name)
+    return ProblemOp(op.name, sem, strategies, op.inputs, op.outputs,
+                     _shifted(op.input_offsets, shifts), sig)
+
+
+def _shifted(offsets, shifts) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(d + s for d, s in zip(delta, shift))
+                 for delta, shift in zip(offsets, shifts))
+
+
+def _describe_local(problem: Problem, op: ProblemOp, label: str, tensors, memo):
+    """(semantics, strategies, input shifts, signature) of part 0's local op."""
     strategy = next((c.strategy for c in problem.choices[op.name] if c.label == label), None)
     local = _opaque_local(op) if op.sem.is_opaque else localize(op.sem, strategy, problem.k, 0)
     in_shapes = [local.local_input_shape(i) or shape
                  for i, shape in enumerate(op.sem.input_shapes)]
     out_shapes = [tuple(b - a for a, b in (crop or share)) for share, crop in
                   zip(local.output_slices, local.output_crops)]
-    offsets = tuple(_offset(op.input_offsets[i], local, i) for i in range(len(op.inputs)))
+    shifts = tuple(_offset(local, i, len(shape)) for i, shape in enumerate(op.sem.input_shapes))
     dtypes_in = [tensors[t].dtype for t in op.inputs]
     dtypes_out = [tensors[t].dtype for t in op.outputs]
     n_real = op.sem.num_outputs if op.sem.num_outputs is not None else len(out_shapes)
     constants = {**op.sem.constants, **local.const_inputs}
+    if op.sem.is_opaque:
+        sem = _opaque_semantics(op, in_shapes, out_shapes, op.sem.opaque_reason)
+        return sem, (), shifts, None
     try:
-        sem = describe(op.name, local.op_type, local.attrs, in_shapes, dtypes_in,
-                       out_shapes[:n_real], dtypes_out[:n_real], constants)
+        sem, strategies, sig = memo.get(op.name, local.op_type, local.attrs, in_shapes,
+                                        dtypes_in, out_shapes[:n_real], dtypes_out[:n_real],
+                                        constants)
     except Exception as err:  # a local op the descriptions cannot take: keep it whole
         sem = _opaque_semantics(op, in_shapes, out_shapes, f"local op not describable: {err}")
+        return sem, (), shifts, None
     if sem.is_opaque:
-        sem = _opaque_semantics(op, in_shapes, out_shapes, sem.opaque_reason)
-    strategies = () if sem.is_opaque else analyze(sem)
-    return ProblemOp(op.name, sem, strategies, op.inputs, op.outputs, offsets)
+        return _opaque_semantics(op, in_shapes, out_shapes, sem.opaque_reason), (), shifts, sig
+    return sem, strategies, shifts, sig
 
 
-def _offset(delta, local: LocalOp, index: int) -> tuple[int, ...]:
+def _offset(local: LocalOp, index: int, rank: int) -> tuple[int, ...]:
+    """Where the local input starts in the op's input coordinates (start - pad)."""
     slices, pads = local.input_slices[index], local.input_pads[index]
     if slices is None:
-        return tuple(delta)
+        return (0,) * rank
     pads = pads if pads is not None else ((0, 0),) * len(slices)
-    return tuple(d + a - p0 for d, (a, _), (p0, _) in zip(delta, slices, pads))
+    return tuple(a - p0 for (a, _), (p0, _) in zip(slices, pads))
 
 
 def _opaque_semantics(op: ProblemOp, in_shapes, out_shapes, reason: str) -> Semantics:

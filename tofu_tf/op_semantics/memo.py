@@ -1,0 +1,41 @@
+"""Describe and analyse each distinct op signature once.
+
+Real graphs repeat themselves: the 24 layers of a Transformer, the steps of an unrolled
+RNN, the blocks of a ResNet. `SemanticsMemo` keys an op instance by its signature (type,
+attrs, shapes, dtypes, constant inputs) and returns the shared Semantics (renamed for the
+op) and strategies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tofu_tf.op_semantics.analysis import Strategy, analyze
+from tofu_tf.op_semantics.registry import Semantics, describe, signature
+
+
+class SemanticsMemo:
+    def __init__(self):
+        self._entries: dict[tuple, tuple[Semantics, tuple[Strategy, ...]]] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, name: str, op_type: str, attrs, input_shapes, input_dtypes,
+            output_shapes, output_dtypes, constants=None
+            ) -> tuple[Semantics, tuple[Strategy, ...], tuple]:
+        """(semantics named `name`, strategies, signature)."""
+        key = signature(op_type, attrs, input_shapes, input_dtypes, output_shapes,
+                        output_dtypes, constants)
+        cached = self._entries.get(key)
+        if cached is None:
+            self.misses += 1
+            sem = describe(name, op_type, attrs, input_shapes, input_dtypes, output_shapes,
+                           output_dtypes, constants)
+            cached = (sem, analyze(sem))
+            self._entries[key] = cached
+        else:
+            self.hits += 1
+        sem, strategies = cached
+        if sem.op_name != name:
+            sem = dataclasses.replace(sem, op_name=name)
+        return sem, strategies, key
