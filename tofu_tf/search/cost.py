@@ -23,6 +23,7 @@ The volumes |R_p ∩ H_p(X)| for every state X at once are the inner loop of the
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +37,7 @@ REDUCE_SCATTER_FACTOR = 1
 ALL_REDUCE_FACTOR = 2        # reduce-scatter, then all-gather
 
 
+@functools.lru_cache(maxsize=None)
 def tensor_states(shape: tuple[int, ...], k: int, replicate_below: int | None = 0
                   ) -> tuple[OutputState, ...]:
     """Stored states of a tensor at a k-way cut: Split(d) for every dim of size >= k; R
@@ -102,14 +104,16 @@ class CostModel:
     k: int
 
     def fetch_bytes(self, shape, itemsize: int, regions: list[Box]) -> np.ndarray:
-        """Bytes to fetch per-part regions, one entry per state of `tensor_states`."""
+        """Bytes to fetch per-part regions, one entry per state of
+        `tensor_states(shape, k, None)` (every split, then R)."""
         vols = self._state_overlaps(shape, regions)
         return itemsize * (vols[-1] - vols)
 
     def convert_bytes(self, shape, itemsize: int, produced: OutputState,
                       produced_boxes: list[Box] | None) -> np.ndarray:
-        """Bytes to store an output produced in `produced`, one entry per stored state."""
-        states = tensor_states(tuple(shape), self.k)
+        """Bytes to store an output produced in `produced`, one entry per state of
+        `tensor_states(shape, k, None)`."""
+        states = tensor_states(tuple(shape), self.k, None)
         n = int(np.prod(shape, dtype=np.int64))
         if produced.kind == "partial":
             return itemsize * (self.k - 1) * n * np.array(
@@ -134,7 +138,8 @@ class CostModel:
         shapes = np.ones((1, rank), dtype=np.int64)
         shapes[0, :len(shape)] = shape
         vols = overlaps(boxes, shapes, self.k)[0]
-        keep = [d for d, n in enumerate(shape) if n >= self.k] + [rank]
+        keep = [rank if s.kind == "replicated" else s.dim
+                for s in tensor_states(shape, self.k, None)]
         return vols[keep]
 
     @staticmethod
