@@ -78,12 +78,16 @@ class _Eliminator:
         self.constant = 0.0
         self.pointers: list[tuple] = []
         self.restricted, self.largest = 0, 1
+        self._scopes: dict[int, list[int]] = {}
 
     def scope_of(self, v: int) -> list[int]:
-        scope = {v}
-        for tid in self.touching[v]:
-            scope.update(self.tables[tid].scope)
-        return sorted(scope)
+        scope = self._scopes.get(v)
+        if scope is None:
+            members = {v}
+            for tid in self.touching[v]:
+                members.update(self.tables[tid].scope)
+            scope = self._scopes[v] = sorted(members)
+        return scope
 
     def size_of(self, v: int) -> int:
         size = 1
@@ -94,6 +98,8 @@ class _Eliminator:
     def eliminate(self, v: int) -> list[int]:
         """Eliminate v; returns the variables whose combined-table size may have changed."""
         scope = self.scope_of(v)
+        for u in scope:                      # their factors change below
+            self._scopes.pop(u, None)
         if self.size_of(v) > self.max_table:
             self._restrict(scope)
         combined = np.zeros([len(self.allowed[u]) for u in scope])
