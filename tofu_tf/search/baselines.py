@@ -33,7 +33,6 @@ not the optimum of its level.
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -52,6 +51,8 @@ from tofu_tf.search.topology import Topology
 Assignment = tuple[int, ...]
 # rule(model, level index, results of the previous levels) -> group assignment
 Rule = Callable[[LevelModel, int, tuple[LevelResult, ...]], Assignment]
+# observe(model, result): called once per level with the level's model and result
+Observer = Callable[[LevelModel, LevelResult], None]
 
 
 # -- shared helpers ----------------------------------------------------------------------
@@ -113,8 +114,10 @@ def _legal_stored(model: LevelModel, group: int, produced: OutputState,
     return index if index is not None else int(np.argmin(vector))
 
 
-def _run(graph: Graph, topology: Topology, rule: Rule, entries=None) -> SearchResult:
-    """recursive.search with `rule` picking each level's assignment."""
+def _run(graph: Graph, topology: Topology, rule: Rule, entries=None,
+         observe: Observer | None = None) -> SearchResult:
+    """recursive.search with `rule` picking each level's assignment; a state the level
+    does not allow raises (the rules pick state indices, so it never should)."""
     done: list[LevelResult] = []
 
     def solver(model: LevelModel) -> LevelResult:
@@ -126,6 +129,8 @@ def _run(graph: Graph, topology: Topology, rule: Rule, entries=None) -> SearchRe
             raise PlanInfeasibleError(
                 f"baseline picked states the level does not allow: {bad[:3]}",
                 fix="report this: a baseline rule must pick from LevelModel.group_states.")
+        if observe is not None:
+            observe(model, result)
         done.append(result)
         return result
 
@@ -176,9 +181,10 @@ def data_parallel_assignment(graph: Graph, model: LevelModel) -> Assignment:
     return best_completion(model, fixed)
 
 
-def data_parallel(graph: Graph, topology: Topology, entries=None) -> SearchResult:
+def data_parallel(graph: Graph, topology: Topology, *, entries=None,
+                  observe: Observer | None = None) -> SearchResult:
     return _run(graph, topology, lambda model, _, __: data_parallel_assignment(graph, model),
-                entries)
+                entries, observe)
 
 
 # -- equal chop ----------------------------------------------------------------------------
@@ -201,7 +207,8 @@ def _lasting_states(model: LevelModel, group: int, ways: tuple[int, ...]) -> lis
     return out
 
 
-def equal_chop(graph: Graph, topology: Topology, entries=None) -> SearchResult:
+def equal_chop(graph: Graph, topology: Topology, *, entries=None,
+               observe: Observer | None = None) -> SearchResult:
     def rule(model: LevelModel, level: int, done: tuple[LevelResult, ...]) -> Assignment:
         if level == 0:
             allowed = {g: kept for g in range(len(model.domains))
@@ -214,7 +221,7 @@ def equal_chop(graph: Graph, topology: Topology, entries=None) -> SearchResult:
             if index is not None:
                 fixed[g] = [index]
         return best_completion(model, fixed)
-    return _run(graph, topology, rule, entries)
+    return _run(graph, topology, rule, entries, observe)
 
 
 # -- all-row greedy ------------------------------------------------------------------------
@@ -224,8 +231,9 @@ def all_row_assignment(model: LevelModel) -> Assignment:
     return tuple(0 for _ in model.domains)
 
 
-def all_row_greedy(graph: Graph, topology: Topology, entries=None) -> SearchResult:
-    return _run(graph, topology, lambda model, _, __: all_row_assignment(model), entries)
+def all_row_greedy(graph: Graph, topology: Topology, *, entries=None,
+                   observe: Observer | None = None) -> SearchResult:
+    return _run(graph, topology, lambda model, _, __: all_row_assignment(model), entries, observe)
 
 
 # -- spartan -------------------------------------------------------------------------------
@@ -263,24 +271,31 @@ def _optimistic_marginal(factor: dp.Factor, group: int, fixed: Mapping[int, int]
     return table.min(axis=others) if others else table
 
 
-def spartan(graph: Graph, topology: Topology, entries=None) -> SearchResult:
-    return _run(graph, topology, lambda model, _, __: spartan_assignment(model), entries)
+def spartan(graph: Graph, topology: Topology, *, entries=None,
+            observe: Observer | None = None) -> SearchResult:
+    return _run(graph, topology, lambda model, _, __: spartan_assignment(model), entries, observe)
 
 
 # -- layer-wise DP (OptCNN) ----------------------------------------------------------------
 
 @dataclass
 class _LayerSpace:
-    """Layers as DP variables.
+    """Layers as DP variables (OptCNN: one configuration per layer, no free tensor).
 
-    A layer is an op with the gradient ops whose `forward_op` it is (the head is the
-    forward op; an op of no layer is its own). A group is owned by the layer of the first
-    op that produces one of its tensors. Configuration c of a layer: its head runs choice
-    c; each other op of the layer, in topological order, runs the choice cheapest on the
-    groups the layer has already produced (ties: the first). The layer's owned groups take
-    the states their producers produce (a Partial or illegal state: its cheapest legal
-    conversion). Groups no op produces are variables of their own, with all states."""
-    heads: list[str]                     # variable -> head op ('' for a lone group)
+    A layer is a forward op with the gradient ops whose `forward_op` it is; an op of no
+    layer (variable reads, optimizer updates, constants) is its own. A group belongs to
+    the layer of the first op producing it, unless that op is a source (no data input:
+    a variable handle, a placeholder, a constant) — then to the layer of its first real
+    consumer (an op reading it with an output outside it: the MatMul that reads a weight,
+    not the ReadVariableOp or the update), as OptCNN partitions a layer's parameters and
+    input by the layer's configuration.
+
+    Configuration c of a layer: its head runs choice c; each other op of the layer, in
+    topological order, runs the choice cheapest on the groups the layer has already laid
+    out (ties: the first). A group the layer reads takes the state its first reader's
+    choice reads most cheaply; a group it produces, the produced state (Partial or not a
+    legal stored state: the cheapest legal conversion). Groups with neither a producer
+    nor a consumer are variables of their own, with all their states."""
     domains: list[int]                   # variable -> number of configurations
     owner: list[int]                     # group -> variable
     induced: list[np.ndarray]            # group -> state index per config of its owner
@@ -291,40 +306,31 @@ class _LayerSpace:
         layer_of = {n: (graph.op(n).forward_op
                         if n in graph and graph.op(n).forward_op in model.vectors else n)
                     for n in names}
-        owner_layer: dict[int, str] = {}
-        for n in names:
-            for t in _output_tensors(model, n):
-                owner_layer.setdefault(model.coarse.group_of[t], layer_of[n])
+        owner_layer = _owner_layers(model, names, layer_of)
         place = {n: i for i, n in enumerate(names)}
-        layers = sorted(set(owner_layer.values()), key=place.__getitem__)
-        ops_of = {layer: [n for n in names if layer_of[n] == layer] for layer in layers}
-        space = _LayerSpace([], [], [-1] * len(model.domains),
+        space = _LayerSpace([], [-1] * len(model.domains),
                             [np.zeros(0, dtype=np.int64)] * len(model.domains))
-        for layer in layers:
-            space._add_layer(model, layer, ops_of[layer], owner_layer)
+        for layer in sorted(set(owner_layer.values()), key=place.__getitem__):
+            ops = [n for n in names if layer_of[n] == layer]
+            space._add_layer(model, ops, [g for g, lay in owner_layer.items() if lay == layer])
         for g in range(len(model.domains)):
             if g not in owner_layer:
                 space._add_lone_group(model, g)
         return space
 
-    def _add_layer(self, model, layer, ops, owner_layer) -> None:
-        var = len(self.heads)
-        owned = [g for g, lay in owner_layer.items() if lay == layer]
-        configs = len(model.problem.choices[layer])
+    def _add_layer(self, model: LevelModel, ops: list[str], owned: list[int]) -> None:
+        var, configs = len(self.domains), len(model.vectors[ops[0]])
         states = np.zeros((len(owned), configs), dtype=np.int64)
         for c in range(configs):
-            produced = _layer_states(model, ops, c)
-            for i, g in enumerate(owned):
-                states[i, c] = produced[g]
-        self.heads.append(layer)
+            laid_out = _layer_states(model, ops, c)
+            states[:, c] = [laid_out[g] for g in owned]
         self.domains.append(configs)
         for i, g in enumerate(owned):
             self.owner[g], self.induced[g] = var, states[i]
 
-    def _add_lone_group(self, model, group) -> None:
-        self.owner[group] = len(self.heads)
+    def _add_lone_group(self, model: LevelModel, group: int) -> None:
+        self.owner[group] = len(self.domains)
         self.induced[group] = np.arange(model.domains[group])
-        self.heads.append("")
         self.domains.append(model.domains[group])
 
     def factor(self, factor: dp.Factor) -> dp.Factor:
@@ -342,12 +348,32 @@ class _LayerSpace:
                      for g in range(len(self.owner)))
 
 
-def _output_tensors(model: LevelModel, op: str) -> list[str]:
-    return [t for t, _, _ in _entries(model, op, 0)[1]]
+def _owner_layers(model: LevelModel, names: list[str], layer_of: dict[str, str]
+                  ) -> dict[int, str]:
+    """Group -> the layer that lays it out (see `_LayerSpace`)."""
+    group_of = model.coarse.group_of
+    produced: dict[int, str] = {}
+    consumed: dict[int, str] = {}
+    for n in names:
+        inputs, outputs = _entries(model, n, 0)
+        out_groups = {group_of[t] for t, _, _ in outputs}
+        for t, _ in inputs:
+            g = group_of[t]
+            if out_groups - {g}:
+                consumed.setdefault(g, layer_of[n])
+        for g in out_groups:
+            produced.setdefault(g, n)
+    owner = {}
+    for g, producer in produced.items():
+        source = not _entries(model, producer, 0)[0]
+        owner[g] = consumed.get(g, layer_of[producer]) if source else layer_of[producer]
+    for g, layer in consumed.items():
+        owner.setdefault(g, layer)
+    return owner
 
 
 def _layer_states(model: LevelModel, ops: list[str], config: int) -> dict[int, int]:
-    """Group -> state index for the groups the layer's ops produce under `config`."""
+    """Group -> state index for every group the layer's ops read or produce."""
     known: dict[int, int] = {}
     group_of = model.coarse.group_of
     for n, op in enumerate(ops):
@@ -358,10 +384,11 @@ def _layer_states(model: LevelModel, ops: list[str], config: int) -> dict[int, i
                          if group_of[t] in known)
                      for c in range(len(model.vectors[op]))]
             c = int(np.argmin(costs))
-        for t, vector, produced in _entries(model, op, c)[1]:
-            g = group_of[t]
-            if g not in known:
-                known[g] = _legal_stored(model, g, produced, vector)
+        inputs, outputs = _entries(model, op, c)
+        for t, vector in inputs:
+            known.setdefault(group_of[t], int(np.argmin(vector)))
+        for t, vector, produced in outputs:
+            known.setdefault(group_of[t], _legal_stored(model, group_of[t], produced, vector))
     return known
 
 
@@ -372,9 +399,10 @@ def layer_wise_assignment(graph: Graph, model: LevelModel) -> Assignment:
     return space.assignment(solution.assignment)
 
 
-def layer_wise_dp(graph: Graph, topology: Topology, entries=None) -> SearchResult:
+def layer_wise_dp(graph: Graph, topology: Topology, *, entries=None,
+                  observe: Observer | None = None) -> SearchResult:
     return _run(graph, topology, lambda model, _, __: layer_wise_assignment(graph, model),
-                entries)
+                entries, observe)
 
 
 BASELINES: dict[str, Callable[..., SearchResult]] = {
