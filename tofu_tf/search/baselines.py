@@ -21,7 +21,7 @@ DP (each op takes its cheapest choice under the picked tensor states), so their
 - layer_wise_dp:  OptCNN. A layer is a forward op with its gradient ops (`Op.forward_op`);
                   its configuration is its head op's choice, and the configuration alone
                   fixes the states of the groups the layer produces first (see
-                  `_LayerSpace`). The DP is `dp.solve` over layer configurations, each op's
+                  `LayerSpace`). The DP is `dp.solve` over layer configurations, each op's
                   table becoming a factor over the layers that own its groups (on a chain:
                   OptCNN's chain DP; on residual or attention branches: min-sum elimination).
 
@@ -90,7 +90,7 @@ def state_index(model: LevelModel, group: int, state: OutputState) -> int | None
 
 
 def illegal_states(model: LevelModel, result: LevelResult) -> list[str]:
-    """Tensors whose stored state in `result` is not one the level allows ('' if none)."""
+    """Tensors whose stored state in `result` is not one the level allows (empty if none)."""
     return [f"{t}: {s} not in {[str(x) for x in model.problem.states(t)]}"
             for t, s in result.states.items() if s not in model.problem.states(t)]
 
@@ -279,7 +279,7 @@ def spartan(graph: Graph, topology: Topology, *, entries=None,
 # -- layer-wise DP (OptCNN) ----------------------------------------------------------------
 
 @dataclass
-class _LayerSpace:
+class LayerSpace:
     """Layers as DP variables (OptCNN: one configuration per layer, no free tensor).
 
     A layer is a forward op with the gradient ops whose `forward_op` it is; an op of no
@@ -296,19 +296,20 @@ class _LayerSpace:
     choice reads most cheaply; a group it produces, the produced state (Partial or not a
     legal stored state: the cheapest legal conversion). Groups with neither a producer
     nor a consumer are variables of their own, with all their states."""
+    layers: list[str]                    # variable -> its layer's head op ('': a lone group)
     domains: list[int]                   # variable -> number of configurations
     owner: list[int]                     # group -> variable
     induced: list[np.ndarray]            # group -> state index per config of its owner
 
     @staticmethod
-    def build(graph: Graph, model: LevelModel) -> "_LayerSpace":
+    def build(graph: Graph, model: LevelModel) -> "LayerSpace":
         names = [op.name for op in model.problem.ops]
         layer_of = {n: (graph.op(n).forward_op
                         if n in graph and graph.op(n).forward_op in model.vectors else n)
                     for n in names}
         owner_layer = _owner_layers(model, names, layer_of)
         place = {n: i for i, n in enumerate(names)}
-        space = _LayerSpace([], [-1] * len(model.domains),
+        space = LayerSpace([], [], [-1] * len(model.domains),
                             [np.zeros(0, dtype=np.int64)] * len(model.domains))
         for layer in sorted(set(owner_layer.values()), key=place.__getitem__):
             ops = [n for n in names if layer_of[n] == layer]
@@ -324,6 +325,7 @@ class _LayerSpace:
         for c in range(configs):
             laid_out = _layer_states(model, ops, c)
             states[:, c] = [laid_out[g] for g in owned]
+        self.layers.append(ops[0])
         self.domains.append(configs)
         for i, g in enumerate(owned):
             self.owner[g], self.induced[g] = var, states[i]
@@ -331,6 +333,7 @@ class _LayerSpace:
     def _add_lone_group(self, model: LevelModel, group: int) -> None:
         self.owner[group] = len(self.domains)
         self.induced[group] = np.arange(model.domains[group])
+        self.layers.append("")
         self.domains.append(model.domains[group])
 
     def factor(self, factor: dp.Factor) -> dp.Factor:
@@ -350,7 +353,7 @@ class _LayerSpace:
 
 def _owner_layers(model: LevelModel, names: list[str], layer_of: dict[str, str]
                   ) -> dict[int, str]:
-    """Group -> the layer that lays it out (see `_LayerSpace`)."""
+    """Group -> the layer that lays it out (see `LayerSpace`)."""
     group_of = model.coarse.group_of
     produced: dict[int, str] = {}
     consumed: dict[int, str] = {}
@@ -393,7 +396,7 @@ def _layer_states(model: LevelModel, ops: list[str], config: int) -> dict[int, i
 
 
 def layer_wise_assignment(graph: Graph, model: LevelModel) -> Assignment:
-    space = _LayerSpace.build(graph, model)
+    space = LayerSpace.build(graph, model)
     factors = [space.factor(f) for _, f in op_factors(model)]
     solution = dp.solve(space.domains, factors)
     return space.assignment(solution.assignment)
