@@ -182,6 +182,7 @@ def _build(model: LevelModel, form: Linearisation) -> _Program:
     finite = np.isfinite(values)
     least = np.full(len(found.vectors), np.inf)
     np.minimum.at(least, entry[finite], values[finite])
+    least[np.isinf(least)] = 0.0              # no finite state: the support row bars it
     choice = np.asarray(found.choice, dtype=np.int64)
     y_cost = np.zeros(len(found.choice_op))
     if form is Linearisation.PRODUCT:
@@ -190,7 +191,8 @@ def _build(model: LevelModel, form: Linearisation) -> _Program:
     x_col = offsets[np.asarray(found.group, dtype=np.int64)][entry] + state
     _one_hot_rows(program, domains, x, np.asarray(found.choice_op, dtype=np.int64), y)
     if form is Linearisation.PRODUCT:
-        reduced = np.where(finite, values - least[entry], 0.0)
+        reduced = np.zeros(len(values))
+        reduced[finite] = values[finite] - least[entry[finite]]
         _product_rows(program, reduced > 0, reduced, y[choice][entry], x_col)
         _support_rows(program, finite, entry, y[choice], x_col, len(least))
     else:
