@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
+
+
+class VariableStorage(enum.Enum):
+    """How the search may store variables (with their gradients and optimizer slots)."""
+    AUTO = "auto"                # solve under both policies below, keep the cheaper plan
+    REPLICABLE = "replicable"    # replicated or split, per level (data parallelism reachable)
+    PARTITIONED = "partitioned"  # always split, like every other large tensor (Tofu's policy)
 
 
 @dataclass(frozen=True)
 class Options:
+    # How variables may be stored; AUTO doubles the search time and never loses bytes.
+    variable_storage: VariableStorage = VariableStorage.AUTO
     # Tensors with fewer elements than this may be stored replicated; larger ones (except
     # variables, their gradients and optimizer slots) are always stored partitioned.
     replicate_below: int = 0

@@ -83,3 +83,14 @@ def test_one_cut_beats_every_fixed_rule():
     for _ in range(20):
         assignment = [int(rng.integers(d)) for d in model.domains]
         assert model.evaluate(assignment)[0] >= best - 1e-6
+
+
+@pytest.mark.parametrize("model", ["mlp", "wresnet", "lstm", "transformer"])
+@pytest.mark.parametrize("n", [4, 8])
+def test_plan_is_no_worse_than_any_baseline(model, n):
+    from tofu_tf.search.baselines import BASELINES
+    graph = graph_of(model)
+    topology = Topology.default(n)
+    plan_bytes = search(graph, topology).total_bytes
+    for name, baseline in BASELINES.items():
+        assert plan_bytes <= baseline(graph, topology).total_bytes, name

@@ -183,7 +183,13 @@ def _reject_resource_placeholders(graph_def: graph_pb2.GraphDef, fix: str) -> No
 
 def _capture_replacements(cf) -> tuple[dict[str, Any], dict[str, object]]:
     """VarHandleOps for captured resources, Consts for captured eager tensors."""
-    variables = {id(v.handle): v for v in cf.graph.variables}
+    try:
+        variables = {id(v.handle): v for v in cf.graph.variables}
+    except AssertionError:  # TensorFlow's message when a captured variable was freed
+        raise GraphImportError(
+            "the function captures variables that no longer exist.",
+            fix="keep a reference to the model (or the object holding the tf.Variables) "
+                "while the function is imported.") from None
     replacements: dict[str, Any] = {}
     captures: dict[str, object] = {}
     shared_names: set[str] = set()

@@ -45,6 +45,7 @@ from tofu_tf.graph import Graph, Role
 from tofu_tf.op_semantics.analysis import REPLICATED, OutputState, Split
 from tofu_tf.search import dp
 from tofu_tf.search.level import LevelModel, LevelResult, result_of
+from tofu_tf.options import Options, VariableStorage
 from tofu_tf.search.recursive import SearchResult, search, variable_tensors
 from tofu_tf.search.topology import Topology
 
@@ -134,7 +135,8 @@ def _run(graph: Graph, topology: Topology, rule: Rule, entries=None,
         done.append(result)
         return result
 
-    return search(graph, topology, solver=solver, entries=entries)
+    return search(graph, topology, solver=solver, entries=entries,
+                  options=Options(variable_storage=VariableStorage.REPLICABLE))
 
 
 # -- data parallel -------------------------------------------------------------------------

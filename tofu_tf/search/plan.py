@@ -60,6 +60,7 @@ class Plan:
     search_seconds: float
     groups: Mapping[str, int] = field(default_factory=dict)   # tensor -> coarse group
     op_types: Mapping[str, str] = field(default_factory=dict)
+    variable_storage: str = "replicable"      # the storage policy of the winning recursion
 
     @property
     def num_devices(self) -> int:
@@ -113,7 +114,8 @@ class Plan:
         lines = [f"Plan for {self.num_devices} devices "
                  f"({'x'.join(str(lvl.ways) for lvl in self.levels)}): "
                  f"{_human(self.total_bytes)} moved per step, {self.num_ops} ops in "
-                 f"{self.num_groups} groups, searched in {self.search_seconds:.2f} s"
+                 f"{self.num_groups} groups, variables {self.variable_storage}, searched in "
+                 f"{self.search_seconds:.2f} s"
                  + ("" if self.exact else " (DP fallback used: not proven optimal)")]
         for i, level in enumerate(self.levels):
             lines.append(f"  level {i + 1}: {level.ways}-way cut x {level.groups} group(s): "
@@ -152,7 +154,8 @@ def plan_from_search(result: SearchResult, graph: Graph) -> Plan:
             level.exact, tuple(Transfer(op, t, b) for op, t, b in level.breakdown)))
     return Plan(tuple((lvl.ways, lvl.bandwidth, lvl.latency) for lvl in result.topology.levels),
                 tuple(levels), len(graph), result.coarse.num_groups, result.seconds,
-                dict(result.coarse.group_of), {op.name: op.type for op in graph})
+                dict(result.coarse.group_of), {op.name: op.type for op in graph},
+                result.variable_storage.value)
 
 
 def make_plan(graph: Graph, topology: Topology | None = None, *, num_devices: int | None = None,

@@ -13,6 +13,7 @@ level l's links. The first cut, which moves the least data, crosses the slowest 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import time
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 
 from tofu_tf.graph import Graph
 from tofu_tf.op_semantics.catalog import OpEntry, catalog
-from tofu_tf.options import Options
+from tofu_tf.options import Options, VariableStorage
 from tofu_tf.search.coarsen import CoarseGraph, coarsen
 from tofu_tf.search.level import LevelModel, LevelResult, solve_level
 from tofu_tf.search.problem import Problem, root_problem, sub_problem
@@ -33,6 +34,7 @@ class SearchResult:
     levels: tuple[LevelResult, ...]
     coarse: CoarseGraph
     seconds: float
+    variable_storage: VariableStorage = VariableStorage.REPLICABLE
 
     @property
     def multipliers(self) -> tuple[int, ...]:
@@ -55,13 +57,16 @@ def variable_tensors(graph: Graph, coarse: CoarseGraph) -> frozenset[str]:
 
 
 def level_models(graph: Graph, topology: Topology, entries: dict[str, OpEntry] | None = None,
-                 coarse: CoarseGraph | None = None, options: Options = Options()):
+                 coarse: CoarseGraph | None = None, options: Options = Options(),
+                 storage: VariableStorage = VariableStorage.REPLICABLE):
     """Yield (LevelModel, solve) per level; the caller's solver picks each level's result
     (the DP here, baselines elsewhere) and the next level is built from it."""
     entries = entries if entries is not None else catalog(graph, strict=True)
     coarse = coarse if coarse is not None else coarsen(graph, entries)
+    replicable = (variable_tensors(graph, coarse) if storage is VariableStorage.REPLICABLE
+                  else frozenset())
     problem: Problem = root_problem(graph, entries, topology.levels[0].ways,
-                                    replicable=variable_tensors(graph, coarse),
+                                    replicable=replicable,
                                     replicate_below=options.replicate_below)
     for index, level in enumerate(topology.levels):
         model = LevelModel.build(problem, coarse)
@@ -74,14 +79,29 @@ def level_models(graph: Graph, topology: Topology, entries: dict[str, OpEntry] |
 def search(graph: Graph, topology: Topology, *, solver=None,
            entries: dict[str, OpEntry] | None = None, options: Options = Options()
            ) -> SearchResult:
-    """Solve every level with `solver(LevelModel) -> LevelResult` (default: exact DP)."""
+    """Solve every level with `solver(LevelModel) -> LevelResult` (default: exact DP).
+
+    With `options.variable_storage` AUTO the recursion runs under both storage policies
+    for variables and the cheaper total wins: the recursion fixes each level before the
+    next, and which policy makes the inner levels cheaper depends on the model."""
     start = time.perf_counter()
     solver = solver or functools.partial(solve_level, max_table=options.max_dp_table,
                                          beam=options.dp_beam)
     entries = entries if entries is not None else catalog(graph, strict=True)
     coarse = coarsen(graph, entries)
+    policies = ([VariableStorage.REPLICABLE, VariableStorage.PARTITIONED]
+                if options.variable_storage is VariableStorage.AUTO
+                else [options.variable_storage])
+    results = [_recurse(graph, topology, entries, coarse, options, policy, solver)
+               for policy in policies]
+    best = min(results, key=lambda r: r.total_bytes)
+    return dataclasses.replace(best, seconds=time.perf_counter() - start)
+
+
+def _recurse(graph, topology, entries, coarse, options, policy, solver) -> SearchResult:
+    start = time.perf_counter()
     results = []
-    models = level_models(graph, topology, entries, coarse, options)
+    models = level_models(graph, topology, entries, coarse, options, policy)
     model = next(models)
     while True:
         results.append(solver(model))
@@ -89,4 +109,4 @@ def search(graph: Graph, topology: Topology, *, solver=None,
             model = models.send(results[-1])
         except StopIteration:
             break
-    return SearchResult(topology, tuple(results), coarse, time.perf_counter() - start)
+    return SearchResult(topology, tuple(results), coarse, time.perf_counter() - start, policy)
