@@ -59,7 +59,7 @@ from tofu_tf.search import dp
 from tofu_tf.search.coarsen import CoarseGraph, coarsen
 from tofu_tf.search.level import LevelModel, LevelResult, result_of
 from tofu_tf.search.problem import (Choice, Problem, ProblemOp, TensorSpec, _clamp,
-                                    cost_vectors, make_choice, sub_problem)
+                                    cost_vectors, make_choice, output_spec, sub_problem)
 from tofu_tf.search.recursive import SearchResult, level_models, search
 from tofu_tf.search.topology import Topology
 
@@ -412,7 +412,7 @@ class _Walk:
         keys = [[(id(choice), slot, tensors[tensor].shape) for slot, tensor in
                  _slots(choice, op)] for choice in chosen]
         if any(key not in self.vectors for row in keys for key in row):
-            problem.choices[op.name] = [_clamped(choice, op, tensors) for choice in chosen]
+            problem.choices[op.name] = [_clamped(choice, op, problem) for choice in chosen]
             for row, entries in zip(keys, cost_vectors(problem)[op.name]):
                 self.vectors.update(zip(row, (vector for _, vector in entries)))
         problem.choices[op.name] = chosen           # labels and strategies only, below
@@ -443,15 +443,17 @@ def _slots(choice: Choice, op: ProblemOp) -> list[tuple[int, str]]:
             [(count + o, tensor) for o, tensor in enumerate(op.outputs)])
 
 
-def _clamped(choice: Choice, op: ProblemOp, tensors: dict[str, TensorSpec]) -> Choice:
-    """A choice built on unbounded shapes, clamped to the tensors' real shapes."""
-    def clamp(boxes, tensor):
-        shape = tensors[tensor].shape
+def _clamped(choice: Choice, op: ProblemOp, problem: Problem) -> Choice:
+    """A choice built on unbounded shapes, clamped to the tensors' real shapes (outputs to
+    the extent the level converts, `output_spec`)."""
+    def clamp(boxes, shape):
         return None if boxes is None else tuple(_clamp(box, shape, (0,) * len(shape))
                                                 for box in boxes)
     return dataclasses.replace(
-        choice, input_boxes=tuple(clamp(b, t) for b, t in zip(choice.input_boxes, op.inputs)),
-        output_boxes=tuple(clamp(b, t) for b, t in zip(choice.output_boxes, op.outputs)))
+        choice, input_boxes=tuple(clamp(b, problem.tensors[t].shape)
+                                  for b, t in zip(choice.input_boxes, op.inputs)),
+        output_boxes=tuple(clamp(b, output_spec(problem, op, o).shape)
+                           for o, b in enumerate(choice.output_boxes)))
 
 
 def _joint_choices(walk: "_Walk", context: _Context, scope: tuple[int, ...],

@@ -52,6 +52,10 @@ class ProblemOp:
     outputs: tuple[str, ...]                         # tensor per output (updates: the variable)
     input_offsets: tuple[tuple[int, ...], ...]       # local input coord + delta = tensor coord
     key: tuple | None = None                         # semantics signature (None: unique)
+    # Per output: the local output's shape when an outer level produced it Partial. The
+    # group then reduces its whole local output (not only the part it keeps) before the
+    # outer reduction, so this level's conversion covers that whole extent.
+    reduce_domains: tuple[tuple[int, ...] | None, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -125,7 +129,7 @@ def make_choice(problem: Problem, op: ProblemOp, strategy: Strategy | None) -> C
     for o, tensor in enumerate(op.outputs):
         state = strategy.outputs[o] if strategy is not None else REPLICATED
         produced.append(state)
-        shape = problem.tensors[tensor].shape
+        shape = output_spec(problem, op, o).shape
         zero = (0,) * len(shape)
         output_boxes.append(tuple(_clamp(local.output_slices[o], shape, zero)
                                   for local in locals_))
@@ -133,11 +137,18 @@ def make_choice(problem: Problem, op: ProblemOp, strategy: Strategy | None) -> C
     return Choice(label, strategy, tuple(input_boxes), tuple(produced), tuple(output_boxes))
 
 
+def output_spec(problem: Problem, op: ProblemOp, index: int) -> TensorSpec:
+    """The output tensor as this level converts it (see ProblemOp.reduce_domains)."""
+    spec = problem.tensors[op.outputs[index]]
+    domain = op.reduce_domains[index] if index < len(op.reduce_domains) else None
+    return spec if domain is None else TensorSpec(spec.name, tuple(domain), spec.dtype)
+
+
 def geometry(problem: Problem, op: ProblemOp) -> tuple | None:
     """Ops with equal geometry have equal choices and cost vectors (up to tensor names)."""
     if op.key is None:
         return None
-    return (op.key, op.input_offsets,
+    return (op.key, op.input_offsets, op.reduce_domains,
             tuple(problem.tensors[t].shape for t in op.inputs),
             tuple(problem.tensors[t].shape for t in op.outputs),
             tuple(problem.states(t) for t in op.inputs + op.outputs))
@@ -226,7 +237,7 @@ def _pending_entries(problem, op, choice, batch, rank) -> list[tuple]:
             spec = problem.tensors[op.inputs[i]]
             entries.append(("fetch", ("in", i), spec, batch.add(boxes, spec.shape, rank), None))
     for o, state in enumerate(choice.produced):
-        spec = problem.tensors[op.outputs[o]]
+        spec = output_spec(problem, op, o)
         domain = _domain(choice.output_boxes[o], spec.shape)
         dom_index = batch.add((domain,) * problem.k, spec.shape, rank)
         if state.kind == "partial":
@@ -312,13 +323,24 @@ def _local_problem_op(problem: Problem, op: ProblemOp, label: str, tensors,
         if key is None:
             sem, strategies, shifts, sig = built
             return ProblemOp(op.name, sem, strategies, op.inputs, op.outputs,
-                             _shifted(op.input_offsets, shifts), sig)
+                             _shifted(op.input_offsets, shifts), sig,
+                             _reduce_domains(problem, op, label, sem))
         local_memo[key] = built
     sem, strategies, shifts, sig = local_memo[key]
     if sem.op_name != op.name:
         sem = dataclasses.replace(sem, op_name=op.name)
     return ProblemOp(op.name, sem, strategies, op.inputs, op.outputs,
-                     _shifted(op.input_offsets, shifts), sig)
+                     _shifted(op.input_offsets, shifts), sig,
+                     _reduce_domains(problem, op, label, sem))
+
+
+def _reduce_domains(problem: Problem, op: ProblemOp, label: str, sem: Semantics):
+    """Local output shapes of the outputs this op's choice produced Partial."""
+    choice = next((c for c in problem.choices[op.name] if c.label == label), None)
+    if choice is None or not any(s.kind == "partial" for s in choice.produced):
+        return ()
+    return tuple(tuple(sem.output_shapes[o]) if state.kind == "partial" else None
+                 for o, state in enumerate(choice.produced))
 
 
 def _shifted(offsets, shifts) -> tuple[tuple[int, ...], ...]:
