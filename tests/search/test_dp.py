@@ -60,3 +60,17 @@ def test_chain_of_thousands_stays_small():
     solution = solve(domains, factors)
     assert solution.exact and solution.max_table <= 4 ** 4
     assert abs(evaluate(factors, solution.assignment) - solution.cost) < 1e-6
+
+
+def test_wide_factors_past_numpy_dimension_limit():
+    """Two factors of 51 variables meet at one variable: fixed (one-state) variables add no
+    axis, so combining them never needs more than 64 dimensions."""
+    domains = [1] * 100 + [2]
+    rng = np.random.default_rng(1)
+    left = Factor(tuple(range(50)) + (100,), rng.integers(0, 9, [1] * 50 + [2]).astype(float))
+    right = Factor(tuple(range(50, 100)) + (100,),
+                   rng.integers(0, 9, [1] * 50 + [2]).astype(float))
+    solution = solve(domains, [left, right])
+    assert solution.exact
+    assert solution.cost == float((left.table + right.table).min())
+    assert abs(evaluate([left, right], solution.assignment) - solution.cost) < 1e-9

@@ -55,10 +55,15 @@ class _Table:
     values: dict[int, np.ndarray]
 
     def on(self, allowed, scope: list[int]) -> np.ndarray:
-        """This table restricted to `allowed` states, laid out on `scope`'s axes."""
+        """This table restricted to `allowed` states, laid out on `scope`'s axes. Its
+        variables outside `scope` are fixed (one allowed state): their axis is dropped."""
         rows = [np.searchsorted(self.values[u], allowed[u]) for u in self.scope]
         table = self.table[np.ix_(*rows)] if self.scope else self.table
-        order = sorted(range(len(self.scope)), key=lambda i: scope.index(self.scope[i]))
+        kept = [i for i, u in enumerate(self.scope) if u in scope]
+        dropped = tuple(i for i, u in enumerate(self.scope) if u not in scope)
+        if dropped:
+            table = table.reshape([n for i, n in enumerate(table.shape) if i not in dropped])
+        order = sorted(range(len(kept)), key=lambda i: scope.index(self.scope[kept[i]]))
         return np.transpose(table, order).reshape(
             [len(allowed[u]) if u in self.scope else 1 for u in scope])
 
@@ -81,11 +86,12 @@ class _Eliminator:
         self._scopes: dict[int, list[int]] = {}
 
     def scope_of(self, v: int) -> list[int]:
+        """v and its neighbours that still have a choice (fixed ones add no axis)."""
         scope = self._scopes.get(v)
         if scope is None:
             members = {v}
             for tid in self.touching[v]:
-                members.update(self.tables[tid].scope)
+                members.update(u for u in self.tables[tid].scope if len(self.allowed[u]) > 1)
             scope = self._scopes[v] = sorted(members)
         return scope
 
@@ -102,11 +108,16 @@ class _Eliminator:
             self._scopes.pop(u, None)
         if self.size_of(v) > self.max_table:
             self._restrict(scope)
+            self._scopes.pop(v, None)
+            scope = self.scope_of(v)         # restricted variables may now be fixed
+            self._scopes.pop(v, None)
         combined = np.zeros([len(self.allowed[u]) for u in scope])
         for tid in list(self.touching[v]):
-            combined = combined + self.tables.pop(tid).on(self.allowed, scope)
-            for u in scope:
+            table = self.tables.pop(tid)
+            combined = combined + table.on(self.allowed, scope)
+            for u in table.scope:
                 self.touching[u].discard(tid)
+                self._scopes.pop(u, None)
         self.largest = max(self.largest, combined.size)
         axis = scope.index(v)
         rest = scope[:axis] + scope[axis + 1:]
