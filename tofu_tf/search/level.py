@@ -63,14 +63,28 @@ class LevelModel:
                 per_choice[c] += vector.reshape(view)
         return scope, per_choice.min(axis=0), per_choice.argmin(axis=0)
 
+    def _free(self, scope, table) -> tuple[tuple[int, ...], np.ndarray]:
+        """The table on the groups that have a choice (one-state groups are constants)."""
+        free = tuple(g for g in scope if self.domains[g] > 1)
+        return free, table.reshape([self.domains[g] for g in free])
+
     def factors(self) -> list[dp.Factor]:
+        """One factor per op over its groups with a choice; ops with none add `constant`."""
         out = []
         for op in self.vectors:
-            scope, table, _ = self.op_table(op)
-            if scope:
-                out.append(dp.Factor(scope, table))
-            # an op touching no data tensor costs nothing at any state
+            free, table = self._free(*self.op_table(op)[:2])
+            if free:
+                out.append(dp.Factor(free, table))
         return out
+
+    def constant(self) -> float:
+        """Bytes of the ops whose groups all have one state: the same in every assignment."""
+        total = 0.0
+        for op in self.vectors:
+            free, table = self._free(*self.op_table(op)[:2])
+            if not free:
+                total += float(table)
+        return total
 
     def evaluate(self, assignment) -> tuple[float, dict[str, int]]:
         """Total bytes of a group assignment, and each op's best choice under it."""
@@ -78,8 +92,8 @@ class LevelModel:
         for op in self.vectors:
             scope, table, argmin = self.op_table(op)
             index = tuple(assignment[g] for g in scope)
-            total += float(table[index]) if scope else 0.0
-            chosen[op] = int(argmin[index]) if scope else len(self.vectors[op]) - 1
+            total += float(table[index])
+            chosen[op] = int(argmin[index])
         return total, chosen
 
 
