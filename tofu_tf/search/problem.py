@@ -69,6 +69,16 @@ class Choice:
 
 
 @dataclass
+class SearchCache:
+    """Work shared by every problem of one search (all levels, both storage policies):
+    choices and cost vectors by geometry, local ops by (signature, choice, k)."""
+    choices: dict = field(default_factory=dict)
+    vectors: dict = field(default_factory=dict)
+    local_ops: dict = field(default_factory=dict)
+    semantics: SemanticsMemo = field(default_factory=SemanticsMemo)
+
+
+@dataclass
 class Problem:
     """All ops and tensors of one level, and the k of its cut.
 
@@ -81,6 +91,7 @@ class Problem:
     replicable: frozenset[str] = frozenset()
     replicate_below: int = 0
     choices: dict[str, list[Choice]] = field(default_factory=dict)
+    cache: "SearchCache" = field(default_factory=lambda: SearchCache())
 
     def states(self, tensor: str) -> tuple[OutputState, ...]:
         below = None if tensor in self.replicable else self.replicate_below
@@ -158,9 +169,10 @@ def build_choices(problem: Problem) -> None:
     """Every op's choices: its valid strategies at this k. An op runs whole on every part
     (replicate) only when it has no strategy at this k, or it is opaque, or every tensor
     it produces may be stored replicated. Equal geometries share one list."""
-    memo: dict[tuple, list[Choice]] = {}
+    memo = problem.cache.choices
     for op in problem.ops:
         key = geometry(problem, op)
+        key = None if key is None else (problem.k, key)
         if key is not None and key in memo:
             problem.choices[op.name] = memo[key]
             continue
@@ -205,23 +217,31 @@ def _state_columns(problem: Problem, spec: TensorSpec, rank: int) -> list[int]:
 
 def cost_vectors(problem: Problem) -> dict[str, list[list[tuple[str, np.ndarray]]]]:
     """For each op and choice: [(tensor, bytes per stored state of that tensor), ...].
-    Equal geometries are computed once; all boxes go through one `overlaps` call."""
+    Equal geometries are computed once (and remembered in the search cache); all new boxes
+    go through one `overlaps` call."""
     k = problem.k
     rank = max([len(t.shape) for t in problem.tensors.values()] + [1])
     batch = _Batch()
+    finished = problem.cache.vectors
     pending: dict[tuple, list[list[tuple]]] = {}
-    first_of: dict[str, tuple] = {}
+    key_of: dict[str, tuple] = {}
     for op in problem.ops:
-        key = geometry(problem, op) or ("unique", op.name)
-        first_of[op.name] = key
-        if key not in pending:
+        geo = geometry(problem, op)
+        key = (k, geo) if geo is not None else ("unique", id(problem), op.name)
+        key_of[op.name] = key
+        if key not in finished and key not in pending:
             pending[key] = [_pending_entries(problem, op, choice, batch, rank)
                             for choice in problem.choices[op.name]]
     volumes = batch.run(k)
-    finished = {key: [[_finish(problem, entry, volumes, rank) for entry in entries]
-                      for entries in per_choice] for key, per_choice in pending.items()}
-    return {op.name: [[(_tensor_at(op, position), vector) for position, vector in entries]
-                      for entries in finished[first_of[op.name]]] for op in problem.ops}
+    for key, per_choice in pending.items():
+        finished[key] = [[_finish(problem, entry, volumes, rank) for entry in entries]
+                         for entries in per_choice]
+    out = {op.name: [[(_tensor_at(op, position), vector) for position, vector in entries]
+                     for entries in finished[key_of[op.name]]] for op in problem.ops}
+    for key in pending:
+        if key[0] == "unique":
+            del finished[key]
+    return out
 
 
 def _tensor_at(op: ProblemOp, position: tuple[str, int]) -> str:
@@ -279,7 +299,7 @@ def _finish(problem, entry, volumes, rank) -> tuple[tuple[str, int], np.ndarray]
 # -- building problems ---------------------------------------------------------------------
 
 def root_problem(graph, entries, k: int, replicable=frozenset(),
-                 replicate_below: int = 0) -> Problem:
+                 replicate_below: int = 0, cache: SearchCache | None = None) -> Problem:
     """Level 1: the planner graph's ops (catalog entries) and tensors."""
     tensors = {name: TensorSpec(name, t.shape, t.dtype) for name, t in graph.tensors.items()}
     ops = []
@@ -292,18 +312,18 @@ def root_problem(graph, entries, k: int, replicable=frozenset(),
         ops.append(ProblemOp(op.name, entry.semantics, entry.strategies, tuple(op.inputs),
                              outputs, tuple((0,) * len(tensors[t].shape) for t in op.inputs),
                              entry.signature))
-    return Problem(k, ops, tensors, frozenset(replicable), replicate_below)
+    return Problem(k, ops, tensors, frozenset(replicable), replicate_below,
+                   cache=cache or SearchCache())
 
 
 def sub_problem(problem: Problem, states, choices, k: int) -> Problem:
     """The problem inside part 0 of this level, for the next level's k-way cut."""
     tensors = {name: TensorSpec(name, _part0_shape(spec.shape, states.get(name), problem.k),
                                 spec.dtype) for name, spec in problem.tensors.items()}
-    memo = SemanticsMemo()
-    local_memo: dict[tuple, tuple] = {}
-    ops = [_local_problem_op(problem, op, choices[op.name], tensors, memo, local_memo)
-           for op in problem.ops]
-    return Problem(k, ops, tensors, problem.replicable, problem.replicate_below)
+    cache = problem.cache
+    ops = [_local_problem_op(problem, op, choices[op.name], tensors, cache.semantics,
+                             cache.local_ops) for op in problem.ops]
+    return Problem(k, ops, tensors, problem.replicable, problem.replicate_below, cache=cache)
 
 
 def _part0_shape(shape, state, k: int) -> tuple[int, ...]:

@@ -24,7 +24,7 @@ from tofu_tf.op_semantics.catalog import OpEntry, catalog
 from tofu_tf.options import Options, VariableStorage
 from tofu_tf.search.coarsen import CoarseGraph, coarsen
 from tofu_tf.search.level import LevelModel, LevelResult, solve_level
-from tofu_tf.search.problem import Problem, root_problem, sub_problem
+from tofu_tf.search.problem import Problem, SearchCache, root_problem, sub_problem
 from tofu_tf.search.topology import Topology
 
 
@@ -58,7 +58,8 @@ def variable_tensors(graph: Graph, coarse: CoarseGraph) -> frozenset[str]:
 
 def level_models(graph: Graph, topology: Topology, entries: dict[str, OpEntry] | None = None,
                  coarse: CoarseGraph | None = None, options: Options = Options(),
-                 storage: VariableStorage = VariableStorage.REPLICABLE):
+                 storage: VariableStorage = VariableStorage.REPLICABLE,
+                 cache: SearchCache | None = None):
     """Yield (LevelModel, solve) per level; the caller's solver picks each level's result
     (the DP here, baselines elsewhere) and the next level is built from it."""
     entries = entries if entries is not None else catalog(graph, strict=True)
@@ -67,7 +68,7 @@ def level_models(graph: Graph, topology: Topology, entries: dict[str, OpEntry] |
                   else frozenset())
     problem: Problem = root_problem(graph, entries, topology.levels[0].ways,
                                     replicable=replicable,
-                                    replicate_below=options.replicate_below)
+                                    replicate_below=options.replicate_below, cache=cache)
     for index, level in enumerate(topology.levels):
         model = LevelModel.build(problem, coarse)
         result = yield model
@@ -92,16 +93,18 @@ def search(graph: Graph, topology: Topology, *, solver=None,
     policies = ([VariableStorage.REPLICABLE, VariableStorage.PARTITIONED]
                 if options.variable_storage is VariableStorage.AUTO
                 else [options.variable_storage])
-    results = [_recurse(graph, topology, entries, coarse, options, policy, solver)
+    cache = SearchCache()
+    results = [_recurse(graph, topology, entries, coarse, options, policy, solver, cache)
                for policy in policies]
     best = min(results, key=lambda r: r.total_bytes)
     return dataclasses.replace(best, seconds=time.perf_counter() - start)
 
 
-def _recurse(graph, topology, entries, coarse, options, policy, solver) -> SearchResult:
+def _recurse(graph, topology, entries, coarse, options, policy, solver,
+             cache: SearchCache) -> SearchResult:
     start = time.perf_counter()
     results = []
-    models = level_models(graph, topology, entries, coarse, options, policy)
+    models = level_models(graph, topology, entries, coarse, options, policy, cache)
     model = next(models)
     while True:
         results.append(solver(model))
