@@ -46,13 +46,23 @@ class LevelModel:
         return tuple(sorted(groups))
 
     def op_table(self, op: str) -> tuple[tuple[int, ...], np.ndarray, np.ndarray]:
-        """(scope, table = min over choices, argmin choice) over the op's groups."""
+        """(scope, table = min over choices, argmin choice) over the op's groups. Ops with
+        the same geometry whose tensors fall into groups the same way share the arrays."""
         if op not in self._tables:
-            self._tables[op] = self._op_table(op)
+            scope = self.op_scope(op)
+            geo = self.problem.geometries.get(op) if self.problem is not None else None
+            layout = tuple(tuple(scope.index(self.coarse.group_of[t]) for t, _ in entries)
+                           for entries in self.vectors[op])
+            key = None if geo is None else (geo, layout, tuple(self.domains[g] for g in scope))
+            shared = self._tables.get(key) if key is not None else None
+            if shared is None:
+                shared = self._op_table(op, scope)[1:]
+                if key is not None:
+                    self._tables[key] = shared
+            self._tables[op] = (scope, *shared)
         return self._tables[op]
 
-    def _op_table(self, op: str) -> tuple[tuple[int, ...], np.ndarray, np.ndarray]:
-        scope = self.op_scope(op)
+    def _op_table(self, op: str, scope) -> tuple[tuple[int, ...], np.ndarray, np.ndarray]:
         shape = [self.domains[g] for g in scope]
         per_choice = np.zeros([len(self.vectors[op])] + shape)
         for c, entries in enumerate(self.vectors[op]):

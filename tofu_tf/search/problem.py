@@ -92,6 +92,7 @@ class Problem:
     replicate_below: int = 0
     choices: dict[str, list[Choice]] = field(default_factory=dict)
     cache: "SearchCache" = field(default_factory=lambda: SearchCache())
+    geometries: dict[str, tuple | None] = field(default_factory=dict)   # op -> geometry
 
     def states(self, tensor: str) -> tuple[OutputState, ...]:
         below = None if tensor in self.replicable else self.replicate_below
@@ -157,6 +158,12 @@ def output_spec(problem: Problem, op: ProblemOp, index: int) -> TensorSpec:
 
 def geometry(problem: Problem, op: ProblemOp) -> tuple | None:
     """Ops with equal geometry have equal choices and cost vectors (up to tensor names)."""
+    if op.name not in problem.geometries:
+        problem.geometries[op.name] = _geometry(problem, op)
+    return problem.geometries[op.name]
+
+
+def _geometry(problem: Problem, op: ProblemOp) -> tuple | None:
     if op.key is None:
         return None
     return (op.key, op.input_offsets, op.reduce_domains,
