@@ -94,3 +94,15 @@ def test_plan_is_no_worse_than_any_baseline(model, n):
     plan_bytes = search(graph, topology).total_bytes
     for name, baseline in BASELINES.items():
         assert plan_bytes <= baseline(graph, topology).total_bytes, name
+
+
+def test_plan_states_are_the_searched_states():
+    graph = graph_of("lstm")
+    topology = Topology.default(4)
+    result = search(graph, topology)
+    from tofu_tf.search.plan import plan_from_search
+    plan = plan_from_search(result, graph)
+    for level, searched in enumerate(result.levels):
+        for tensor, state in searched.states.items():
+            assert plan.state(level, tensor) == str(state)
+        assert dict(plan.levels[level].choices) == searched.choices

@@ -36,7 +36,7 @@ class LevelPlan:
     bandwidth: float
     latency: float
     groups: int                          # how many groups solve this level (1, k1, k1*k2 ...)
-    states: Mapping[str, str]            # tensor -> "S(d)" | "R"
+    group_states: Mapping[int, str]      # coarse tensor group -> "S(d)" | "R"
     choices: Mapping[str, str]           # op -> "o:var" | "r:var" | "replicate"
     bytes: float                         # one group's cut
     exact: bool
@@ -78,6 +78,10 @@ class Plan:
     def exact(self) -> bool:
         return all(level.exact for level in self.levels)
 
+    def state(self, level: int, tensor: str) -> str:
+        """The stored state of `tensor` at `level` (0-based): its group's state."""
+        return self.levels[level].group_states[self.groups[tensor]]
+
     def get_topology(self) -> Topology:
         return Topology(tuple(Level(k, b, a) for k, b, a in self.topology))
 
@@ -91,9 +95,10 @@ class Plan:
     def from_json(text: str) -> "Plan":
         data = json.loads(text)
         data.pop("format", None)
-        levels = tuple(LevelPlan(**{**lvl, "transfers": tuple(Transfer(**t) for t in
-                                                                lvl["transfers"])})
-                       for lvl in data.pop("levels"))
+        levels = tuple(LevelPlan(**{
+            **lvl, "transfers": tuple(Transfer(**t) for t in lvl["transfers"]),
+            "group_states": {int(g): s for g, s in lvl["group_states"].items()}})
+            for lvl in data.pop("levels"))
         topology = tuple(tuple(level) for level in data.pop("topology"))
         return Plan(topology=topology, levels=levels, **data)
 
@@ -134,7 +139,8 @@ class Plan:
         return "/".join(level.choices.get(op, "?") for level in self.levels)
 
     def _state(self, tensor: str) -> str:
-        return "/".join(level.states.get(tensor, "?") for level in self.levels)
+        return "/".join(self.state(i, tensor) if tensor in self.groups else "?"
+                        for i in range(len(self.levels)))
 
 
 def _human(num_bytes: float) -> str:
@@ -148,10 +154,11 @@ def _human(num_bytes: float) -> str:
 def plan_from_search(result: SearchResult, graph: Graph) -> Plan:
     levels = []
     for level, spec, groups in zip(result.levels, result.topology.levels, result.multipliers):
+        group_states = {result.coarse.group_of[t]: str(s) for t, s in level.states.items()}
         levels.append(LevelPlan(
-            spec.ways, spec.bandwidth, spec.latency, groups,
-            {t: str(s) for t, s in level.states.items()}, dict(level.choices), level.bytes,
-            level.exact, tuple(Transfer(op, t, b) for op, t, b in level.breakdown)))
+            spec.ways, spec.bandwidth, spec.latency, groups, group_states,
+            dict(level.choices), level.bytes, level.exact,
+            tuple(Transfer(op, t, b) for op, t, b in level.breakdown)))
     return Plan(tuple((lvl.ways, lvl.bandwidth, lvl.latency) for lvl in result.topology.levels),
                 tuple(levels), len(graph), result.coarse.num_groups, result.seconds,
                 dict(result.coarse.group_of), {op.name: op.type for op in graph},
