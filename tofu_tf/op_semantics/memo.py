@@ -37,5 +37,5 @@ class SemanticsMemo:
             self.hits += 1
         sem, strategies = cached
         if sem.op_name != name:
-            sem = dataclasses.replace(sem, op_name=name)
+            sem = dataclasses.replace(sem, op_name=name, attrs=dict(attrs))
         return sem, strategies, key

@@ -270,8 +270,13 @@ def freeze(value: Any) -> Any:
     return value
 
 
+# Attrs that name a resource rather than shape the computation.
+NAMING_ATTRS = frozenset({"shared_name", "container", "debug_name"})
+
+
 def signature(op_type: str, attrs: Mapping[str, Any], input_shapes, input_dtypes,
               output_shapes, output_dtypes, constants) -> tuple:
     """Two ops with equal signatures have the same semantics up to their names."""
-    return (op_type, freeze(attrs), freeze(input_shapes), tuple(input_dtypes),
+    shaping = {k: v for k, v in attrs.items() if k not in NAMING_ATTRS}
+    return (op_type, freeze(shaping), freeze(input_shapes), tuple(input_dtypes),
             freeze(output_shapes), tuple(output_dtypes), freeze(constants or {}))
