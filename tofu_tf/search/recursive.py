@@ -20,10 +20,12 @@ import time
 from dataclasses import dataclass
 
 from tofu_tf.graph import Graph
+from tofu_tf.op_semantics.analysis import REPLICATED
 from tofu_tf.op_semantics.catalog import OpEntry, catalog
 from tofu_tf.options import Options, VariableStorage
 from tofu_tf.search.coarsen import CoarseGraph, coarsen
 from tofu_tf.search.level import LevelModel, LevelResult, solve_level
+from tofu_tf.search.cost import tensor_states
 from tofu_tf.search.problem import Problem, SearchCache, root_problem, sub_problem
 from tofu_tf.search.topology import Topology
 
@@ -35,6 +37,9 @@ class SearchResult:
     coarse: CoarseGraph
     seconds: float
     variable_storage: VariableStorage = VariableStorage.REPLICABLE
+    # Whether some level stores a variable replicated that the partitioned policy would
+    # have to split. If not, that policy's recursion would find this very plan.
+    replicates_variables: bool = False
 
     @property
     def multipliers(self) -> tuple[int, ...]:
@@ -94,8 +99,13 @@ def search(graph: Graph, topology: Topology, *, solver=None,
                 if options.variable_storage is VariableStorage.AUTO
                 else [options.variable_storage])
     cache = SearchCache()
-    results = [_recurse(graph, topology, entries, coarse, options, policy, solver, cache)
-               for policy in policies]
+    results = []
+    for policy in policies:
+        if results and policy is VariableStorage.PARTITIONED and \
+                not results[0].replicates_variables:
+            break      # the replicable optimum is feasible and optimal for this policy too
+        results.append(_recurse(graph, topology, entries, coarse, options, policy, solver,
+                                cache))
     best = min(results, key=lambda r: r.total_bytes)
     return dataclasses.replace(best, seconds=time.perf_counter() - start)
 
@@ -103,13 +113,26 @@ def search(graph: Graph, topology: Topology, *, solver=None,
 def _recurse(graph, topology, entries, coarse, options, policy, solver,
              cache: SearchCache) -> SearchResult:
     start = time.perf_counter()
-    results = []
+    results, replicates = [], False
     models = level_models(graph, topology, entries, coarse, options, policy, cache)
     model = next(models)
     while True:
         results.append(solver(model))
+        replicates = replicates or _replicates_variables(model, results[-1], options)
         try:
             model = models.send(results[-1])
         except StopIteration:
             break
-    return SearchResult(topology, tuple(results), coarse, time.perf_counter() - start, policy)
+    return SearchResult(topology, tuple(results), coarse, time.perf_counter() - start, policy,
+                        replicates)
+
+
+def _replicates_variables(model: LevelModel, result: LevelResult, options: Options) -> bool:
+    """A replicable tensor stored R where the partitioned policy would not allow R."""
+    problem = model.problem
+    for tensor in problem.replicable:
+        if result.states.get(tensor) == REPLICATED:
+            spec = problem.tensors[tensor]
+            if REPLICATED not in tensor_states(spec.shape, problem.k, options.replicate_below):
+                return True
+    return False
