@@ -26,7 +26,7 @@ class OpEntry:
     semantics: Semantics | None = None
     strategies: tuple[Strategy, ...] = ()
     reason: str | None = None
-    signature: tuple | None = None      # equal signatures: equal semantics up to the name
+    signature: int | None = None        # equal ids: equal semantics up to the name
 
 
 def catalog_op(graph: Graph, op: Op, memo: SemanticsMemo | None = None) -> OpEntry:

@@ -9,21 +9,26 @@ op) and strategies.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 from tofu_tf.op_semantics.analysis import Strategy, analyze
 from tofu_tf.op_semantics.registry import Semantics, describe, signature
 
 
+_IDS = itertools.count()      # signature ids, unique in the process
+
+
 class SemanticsMemo:
     def __init__(self):
-        self._entries: dict[tuple, tuple[Semantics, tuple[Strategy, ...]]] = {}
+        self._entries: dict[tuple, tuple[Semantics, tuple[Strategy, ...], int]] = {}
         self.hits = 0
         self.misses = 0
 
     def get(self, name: str, op_type: str, attrs, input_shapes, input_dtypes,
             output_shapes, output_dtypes, constants=None
-            ) -> tuple[Semantics, tuple[Strategy, ...], tuple]:
-        """(semantics named `name`, strategies, signature)."""
+            ) -> tuple[Semantics, tuple[Strategy, ...], int]:
+        """(semantics named `name`, strategies, signature id). Equal ids mean equal
+        signatures (ids are unique across memos); an int is cheap to hash in later keys."""
         key = signature(op_type, attrs, input_shapes, input_dtypes, output_shapes,
                         output_dtypes, constants)
         cached = self._entries.get(key)
@@ -31,11 +36,11 @@ class SemanticsMemo:
             self.misses += 1
             sem = describe(name, op_type, attrs, input_shapes, input_dtypes, output_shapes,
                            output_dtypes, constants)
-            cached = (sem, analyze(sem))
+            cached = (sem, analyze(sem), next(_IDS))
             self._entries[key] = cached
         else:
             self.hits += 1
-        sem, strategies = cached
+        sem, strategies, ident = cached
         if sem.op_name != name:
             sem = dataclasses.replace(sem, op_name=name, attrs=dict(attrs))
-        return sem, strategies, key
+        return sem, strategies, ident

@@ -51,7 +51,7 @@ class ProblemOp:
     inputs: tuple[str, ...]                          # tensor per semantics input
     outputs: tuple[str, ...]                         # tensor per output (updates: the variable)
     input_offsets: tuple[tuple[int, ...], ...]       # local input coord + delta = tensor coord
-    key: tuple | None = None                         # semantics signature (None: unique)
+    key: int | None = None                           # semantics signature id (None: unique)
     # Per output: the local output's shape when an outer level produced it Partial. The
     # group then reduces its whole local output (not only the part it keeps) before the
     # outer reduction, so this level's conversion covers that whole extent.
