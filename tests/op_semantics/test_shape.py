@@ -407,3 +407,12 @@ def test_assignments_update_the_variable_shard():
 def test_value_dependent_shape_ops_are_opaque_with_a_reason(op_type):
     sem = _describe(op_type, [(4,)], [(4,)])
     assert sem.is_opaque and sem.opaque_reason
+
+
+def test_reshape_of_a_different_size_is_a_description_error():
+    import numpy as np
+    from tofu_tf.errors import DescriptionError
+    from tofu_tf.op_semantics.registry import describe
+    with pytest.raises(DescriptionError, match="640 elements"):
+        describe("r", "Reshape", {}, [(20, 32), (3,)], ["float32", "int32"], [(4, 3, 32)],
+                 ["float32"], {1: np.array([4, 5, 32])})

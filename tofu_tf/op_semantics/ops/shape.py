@@ -114,6 +114,9 @@ def reshape(ctx):
             ctx.unsplittable(f"d{d}", "the tensor has no elements")
         ctx.compute_nd(lambda idx: Fn("empty"))
         return
+    if prod(x.shape) != prod(y_shape):
+        ctx.fail(f"reshapes {list(x.shape)} ({prod(x.shape)} elements) to {list(y_shape)} "
+                 f"({prod(y_shape)} elements).", fix="give the output the input's size.")
     groups = reshape_groups(x.shape, y_shape)
 
     def body(idx):
