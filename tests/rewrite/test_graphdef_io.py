@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from tofu_tf.errors import DynamicShapeError, GraphImportError
 from tofu_tf.graph import DTYPE_SIZES, Role
+from tofu_tf.models.keras_models import training_step
 from tofu_tf.rewrite import _normalise
 from tofu_tf.rewrite.graphdef_io import import_concrete_function, import_graph_def
 
@@ -27,17 +28,8 @@ def keras_adam():
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
                               keras.layers.Dense(3)])
     optimizer = keras.optimizers.Adam(1e-2)
-    optimizer.build(model.trainable_variables)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
+    step = training_step(model, optimizer,
+                         keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     cf = step.get_concrete_function(tf.TensorSpec([6, 4]), tf.TensorSpec([6], tf.int32))
     inputs = {"x:0": RNG.normal(size=(6, 4)).astype(np.float32),
               "y:0": RNG.integers(0, 3, size=6).astype(np.int32)}
@@ -415,17 +407,7 @@ def test_resnet50_training_step_imports_fast():
     keras.utils.set_random_seed(0)
     model = keras.applications.ResNet50(weights=None, input_shape=(224, 224, 3))
     optimizer = keras.optimizers.Adam(1e-3)
-    optimizer.build(model.trainable_variables)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy()
-
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
+    step = training_step(model, optimizer, keras.losses.SparseCategoricalCrossentropy())
     cf = step.get_concrete_function(tf.TensorSpec([2, 224, 224, 3]),
                                     tf.TensorSpec([2], tf.int32))
     start = time.perf_counter()

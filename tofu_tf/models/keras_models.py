@@ -93,6 +93,12 @@ def build_keras_step(name: str, *, batch_size: int = 2, image_size: int = 32,
         x = rng.integers(0, vocab, (batch_size, seq_len)).astype(np.int32)
         y = rng.integers(0, vocab, (batch_size, seq_len)).astype(np.int32)
     optimizer = keras.optimizers.Adam(1e-3)
+    return KerasStep(name, training_step(model, optimizer, loss_fn), (x, y), model, optimizer)
+
+
+def training_step(model, optimizer, loss_fn) -> Callable:
+    """The usual Keras training step as a tf.function(x, y) -> loss (optimizer built first,
+    so its slots exist before tracing)."""
     optimizer.build(model.trainable_variables)
 
     @tf.function
@@ -103,4 +109,4 @@ def build_keras_step(name: str, *, batch_size: int = 2, image_size: int = 32,
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
-    return KerasStep(name, step, (x, y), model, optimizer)
+    return step

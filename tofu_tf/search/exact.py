@@ -53,13 +53,14 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from tofu_tf.errors import PlanInfeasibleError, TofuError
 from tofu_tf.graph import Graph
-from tofu_tf.op_semantics.analysis import REPLICATED, OutputState
+from tofu_tf.op_semantics.analysis import OutputState
 from tofu_tf.op_semantics.catalog import OpEntry, catalog
 from tofu_tf.search import dp
 from tofu_tf.search.coarsen import CoarseGraph, coarsen
 from tofu_tf.search.level import LevelModel, LevelResult, result_of
-from tofu_tf.search.problem import (Choice, Problem, ProblemOp, TensorSpec, _clamp,
-                                    cost_vectors, make_choice, output_spec, sub_problem)
+from tofu_tf.search.problem import (Choice, Problem, ProblemOp, TensorSpec, clamp_box,
+                                    cost_vectors, make_choice, may_replicate, output_spec,
+                                    sub_problem)
 from tofu_tf.search.recursive import SearchResult, level_models, search
 from tofu_tf.search.topology import Topology
 
@@ -359,7 +360,7 @@ class _Context:
 @dataclass
 class _Walk:
     """Builds and caches the contexts of deeper levels: `sub_problem`, `build_choices` and
-    `cost_vectors` for one op. Shapes enter a choice only through `_clamp`, and clamping
+    `cost_vectors` for one op. Shapes enter a choice only through `clamp_box`, and clamping
     to unbounded shapes and then (offset 0) to the real ones is clamping to the real ones;
     a choice's vector for a tensor depends only on its boxes and the tensor. So each local
     op is localized once, and each (choice, tensor, shape) costed once."""
@@ -412,7 +413,7 @@ class _Walk:
         keys = [[(id(choice), slot, tensors[tensor].shape) for slot, tensor in
                  _slots(choice, op)] for choice in chosen]
         if any(key not in self.vectors for row in keys for key in row):
-            problem.choices[op.name] = [_clamped(choice, op, problem) for choice in chosen]
+            problem.choices[op.name] = [clamp_boxed(choice, op, problem) for choice in chosen]
             for row, entries in zip(keys, cost_vectors(problem)[op.name]):
                 self.vectors.update(zip(row, (vector for _, vector in entries)))
         problem.choices[op.name] = chosen           # labels and strategies only, below
@@ -431,8 +432,7 @@ class _Walk:
                           if s.valid_for(problem.k)]
             self.templates[id(op)] = (op, strategies, make_choice(unbounded, op, None))
         _, strategies, whole = self.templates[id(op)]
-        small = all(REPLICATED in problem.states(t) for t in op.outputs)
-        return strategies + ([whole] if not strategies or small else [])
+        return strategies + ([whole] if may_replicate(problem, op, bool(strategies)) else [])
 
 
 def _slots(choice: Choice, op: ProblemOp) -> list[tuple[int, str]]:
@@ -443,11 +443,11 @@ def _slots(choice: Choice, op: ProblemOp) -> list[tuple[int, str]]:
             [(count + o, tensor) for o, tensor in enumerate(op.outputs)])
 
 
-def _clamped(choice: Choice, op: ProblemOp, problem: Problem) -> Choice:
+def clamp_boxed(choice: Choice, op: ProblemOp, problem: Problem) -> Choice:
     """A choice built on unbounded shapes, clamped to the tensors' real shapes (outputs to
     the extent the level converts, `output_spec`)."""
     def clamp(boxes, shape):
-        return None if boxes is None else tuple(_clamp(box, shape, (0,) * len(shape))
+        return None if boxes is None else tuple(clamp_box(box, shape, (0,) * len(shape))
                                                 for box in boxes)
     return dataclasses.replace(
         choice, input_boxes=tuple(clamp(b, problem.tensors[t].shape)

@@ -99,7 +99,8 @@ class Problem:
         return tensor_states(self.tensors[tensor].shape, self.k, below)
 
 
-def _clamp(box: Box, shape: tuple[int, ...], delta: tuple[int, ...]) -> Box:
+def clamp_box(box: Box, shape: tuple[int, ...], delta: tuple[int, ...]) -> Box:
+    """`box` shifted by `delta` and clamped to [0, n) per dim (never inverted)."""
     out = []
     for (a, b), n, d in zip(box, shape, delta):
         a, b = min(max(a + d, 0), n), min(max(b + d, 0), n)
@@ -135,7 +136,7 @@ def make_choice(problem: Problem, op: ProblemOp, strategy: Strategy | None) -> C
             input_boxes.append(None)
             continue
         spec = problem.tensors[tensor]
-        input_boxes.append(tuple(_clamp(_local_input_box(local, i), spec.shape,
+        input_boxes.append(tuple(clamp_box(_local_input_box(local, i), spec.shape,
                                          op.input_offsets[i]) for local in locals_))
     produced, output_boxes = [], []
     for o, tensor in enumerate(op.outputs):
@@ -143,7 +144,7 @@ def make_choice(problem: Problem, op: ProblemOp, strategy: Strategy | None) -> C
         produced.append(state)
         shape = output_spec(problem, op, o).shape
         zero = (0,) * len(shape)
-        output_boxes.append(tuple(_clamp(local.output_slices[o], shape, zero)
+        output_boxes.append(tuple(clamp_box(local.output_slices[o], shape, zero)
                                   for local in locals_))
     label = REPLICATE if strategy is None else f"{strategy.kind[0]}:{strategy.var}"
     return Choice(label, strategy, tuple(input_boxes), tuple(produced), tuple(output_boxes))
@@ -172,6 +173,12 @@ def _geometry(problem: Problem, op: ProblemOp) -> tuple | None:
             tuple(problem.states(t) for t in op.inputs + op.outputs))
 
 
+def may_replicate(problem: Problem, op: ProblemOp, has_strategies: bool) -> bool:
+    """Whether `replicate` is a choice: no strategy at this k, or every output may be
+    stored replicated (so running the op whole costs no memory the plan forbids)."""
+    return not has_strategies or all(REPLICATED in problem.states(t) for t in op.outputs)
+
+
 def build_choices(problem: Problem) -> None:
     """Every op's choices: its valid strategies at this k. An op runs whole on every part
     (replicate) only when it has no strategy at this k, or it is opaque, or every tensor
@@ -185,8 +192,7 @@ def build_choices(problem: Problem) -> None:
             continue
         strategies = [s for s in op.strategies if s.valid_for(problem.k)]
         choices = [make_choice(problem, op, s) for s in strategies]
-        small = all(REPLICATED in problem.states(t) for t in op.outputs)
-        if not choices or small:
+        if may_replicate(problem, op, bool(choices)):
             choices.append(make_choice(problem, op, None))
         problem.choices[op.name] = choices
         if key is not None:
