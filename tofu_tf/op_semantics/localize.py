@@ -118,13 +118,14 @@ def localize(sem: Semantics, strategy: Strategy | None, k: int, part: int) -> Lo
     desc = registered().get(sem.op_type)
     hook = desc.localize if desc is not None else None
     if hook is not None:
+        derived = local.input_slices          # tuples: the hook cannot change them in place
         local = hook(ctx, local)
-        _check_narrowed(sem, local, default_local_op(sem, strategy, k, part)[0])
+        _check_narrowed(sem, local.input_slices, derived)
     return local
 
 
-def _check_narrowed(sem: Semantics, local: LocalOp, default: LocalOp) -> None:
-    for i, (got, allowed) in enumerate(zip(local.input_slices, default.input_slices)):
+def _check_narrowed(sem: Semantics, slices, derived) -> None:
+    for i, (got, allowed) in enumerate(zip(slices, derived)):
         if got is None or allowed is None:
             continue
         for (a, b), (lo, hi) in zip(got, allowed):

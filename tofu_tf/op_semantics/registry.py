@@ -259,8 +259,16 @@ def describe_op(graph, op) -> Semantics:
                     [t.dtype for t in outs], constants)
 
 
+_SCALARS = frozenset({int, float, str, bool, bytes, type(None)})
+
+
 def freeze(value: Any) -> Any:
     """A hashable stand-in for attrs and constants (arrays by shape, dtype and bytes)."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is tuple or kind is list:
+        return tuple(v if type(v) in _SCALARS else freeze(v) for v in value)
     if isinstance(value, np.ndarray):
         return ("ndarray", value.shape, value.dtype.str, value.tobytes())
     if isinstance(value, Mapping):

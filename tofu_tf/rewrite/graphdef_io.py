@@ -16,7 +16,6 @@ Pass pipeline (each pass returns a new GraphDef; the caller's is never mutated):
 
 from __future__ import annotations
 
-import gc
 import re
 import time
 from contextlib import contextmanager
@@ -28,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
+from tofu_tf._gc import paused_gc
 from tofu_tf.errors import DynamicShapeError, GraphImportError
 from tofu_tf.graph import Graph, Op, Tensor, tensor_name
 from tofu_tf.rewrite import _normalise
@@ -86,7 +86,7 @@ def _import(graph_def: graph_pb2.GraphDef, fetches: Sequence[str], feeds: Sequen
             side_effects: Sequence[str] = ()) -> ImportedGraph:
     """`side_effects`: ops that must run (a function's control outputs), fetched only
     where the fetches do not already depend on them."""
-    with _gc_paused():  # the passes allocate ~10^6 small objects; collection is pure cost
+    with paused_gc():  # the passes allocate ~10^6 small objects; collection is pure cost
         return _run_passes(graph_def, fetches, feeds, captures, start, side_effects)
 
 
@@ -112,17 +112,6 @@ def _run_passes(graph_def, fetches, feeds, captures, start, side_effects) -> Imp
     used = {name: value for name, value in captures.items() if name in graph.variables}
     return ImportedGraph(graph=graph, graph_def=graph_def, captures=MappingProxyType(used),
                          seconds=time.perf_counter() - start, stats=MappingProxyType(stats))
-
-
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 @contextmanager

@@ -49,31 +49,35 @@ class Solution:
 
 @dataclass
 class _Table:
-    """A factor during elimination: values[u] are the states of u its axis holds."""
+    """A factor during elimination: values[u] are the states of u its axis holds (None:
+    the table was made before any restriction, so its axes hold every state)."""
     scope: list[int]
     table: np.ndarray
-    values: dict[int, np.ndarray]
+    values: dict[int, np.ndarray] | None = None
 
-    def on(self, allowed, scope: list[int]) -> np.ndarray:
+    def on(self, allowed, scope: list[int], restricted: bool = True) -> np.ndarray:
         """This table restricted to `allowed` states, laid out on `scope`'s axes. Its
-        variables outside `scope` are fixed (one allowed state): their axis is dropped."""
-        rows = [np.searchsorted(self.values[u], allowed[u]) for u in self.scope]
-        table = self.table[np.ix_(*rows)] if self.scope else self.table
+        variables outside `scope` are fixed (one allowed state): their axis is dropped.
+        `restricted=False` promises no domain was ever restricted (the common case)."""
+        table = self.table
+        if restricted and self.scope:
+            rows = [allowed[u] if self.values is None else
+                    np.searchsorted(self.values[u], allowed[u]) for u in self.scope]
+            table = table[np.ix_(*rows)]
         kept = [i for i, u in enumerate(self.scope) if u in scope]
-        dropped = tuple(i for i, u in enumerate(self.scope) if u not in scope)
-        if dropped:
-            table = table.reshape([n for i, n in enumerate(table.shape) if i not in dropped])
+        if len(kept) < len(self.scope):
+            table = table.reshape([table.shape[i] for i in kept])
         order = sorted(range(len(kept)), key=lambda i: scope.index(self.scope[kept[i]]))
-        return np.transpose(table, order).reshape(
-            [len(allowed[u]) if u in self.scope else 1 for u in scope])
+        if order != list(range(len(order))):
+            table = np.transpose(table, order)
+        return table.reshape([len(allowed[u]) if u in self.scope else 1 for u in scope])
 
 
 class _Eliminator:
     def __init__(self, domains: list[int], factors: list[Factor], max_table: int, beam: int):
         self.allowed = [np.arange(d) for d in domains]
-        self.tables: dict[int, _Table] = {
-            i: _Table(list(f.scope), f.table, {u: np.arange(domains[u]) for u in f.scope})
-            for i, f in enumerate(factors)}
+        self.tables: dict[int, _Table] = {i: _Table(list(f.scope), f.table)
+                                          for i, f in enumerate(factors)}
         self.touching: list[set[int]] = [set() for _ in domains]
         for tid, t in self.tables.items():
             for v in t.scope:
@@ -111,13 +115,17 @@ class _Eliminator:
             self._scopes.pop(v, None)
             scope = self.scope_of(v)         # restricted variables may now be fixed
             self._scopes.pop(v, None)
-        combined = np.zeros([len(self.allowed[u]) for u in scope])
+        combined = None
         for tid in list(self.touching[v]):
             table = self.tables.pop(tid)
-            combined = combined + table.on(self.allowed, scope)
+            laid = table.on(self.allowed, scope, self.restricted > 0)
+            combined = laid if combined is None else combined + laid
             for u in table.scope:
                 self.touching[u].discard(tid)
                 self._scopes.pop(u, None)
+        shape = tuple(len(self.allowed[u]) for u in scope)
+        if combined is None or combined.shape != shape:
+            combined = (0.0 if combined is None else combined) + np.zeros(shape)
         self.largest = max(self.largest, combined.size)
         axis = scope.index(v)
         rest = scope[:axis] + scope[axis + 1:]
@@ -126,7 +134,8 @@ class _Eliminator:
         reduced = np.min(combined, axis=axis)
         if rest:
             tid, self.next_id = self.next_id, self.next_id + 1
-            self.tables[tid] = _Table(rest, reduced, {u: self.allowed[u] for u in rest})
+            self.tables[tid] = _Table(rest, reduced, {u: self.allowed[u] for u in rest}
+                                      if self.restricted else None)
             for u in rest:
                 self.touching[u].add(tid)
         else:

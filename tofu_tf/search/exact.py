@@ -557,7 +557,7 @@ class JointModel:
 
     def _dp(self) -> tuple[int, ...]:
         order = sorted(range(len(self.trees)), key=lambda g: self.model.coarse.position[g])
-        solution = dp.solve(self.model.domains, self.model.factors(), order=order)
+        solution = dp.solve(self.model.domains, self.model.factors()[0], order=order)
         if not solution.exact:
             raise TofuError(
                 f"the joint DP needed a table larger than {dp.MAX_TABLE} entries "

@@ -19,16 +19,18 @@ import numpy as np
 from tofu_tf.op_semantics.analysis import OutputState
 from tofu_tf.search import dp
 from tofu_tf.search.coarsen import CoarseGraph
-from tofu_tf.search.problem import Problem, build_choices, cost_vectors
+from tofu_tf.search.problem import (OpVectors, Problem, tensor_at, build_choices,
+                                    cost_vectors)
 
 
 @dataclass
 class LevelModel:
     problem: Problem
     coarse: CoarseGraph
-    vectors: dict[str, list[list[tuple[str, np.ndarray]]]]   # op -> choice -> [(tensor, bytes)]
+    vectors: OpVectors                                        # op -> choice -> [(tensor, bytes)]
     domains: list[int]                                        # group -> number of states
     _tables: dict = field(default_factory=dict, repr=False)
+    _shared: dict = field(default_factory=dict, repr=False)
 
     @staticmethod
     def build(problem: Problem, coarse: CoarseGraph) -> "LevelModel":
@@ -42,59 +44,77 @@ class LevelModel:
         return self.problem.states(self.coarse.members[group][0])
 
     def op_scope(self, op: str) -> tuple[int, ...]:
-        groups = {self.coarse.group_of[t] for entries in self.vectors[op] for t, _ in entries}
-        return tuple(sorted(groups))
+        return self.op_table(op)[0]
 
     def op_table(self, op: str) -> tuple[tuple[int, ...], np.ndarray, np.ndarray]:
-        """(scope, table = min over choices, argmin choice) over the op's groups. Ops with
-        the same geometry whose tensors fall into groups the same way share the arrays."""
-        if op not in self._tables:
-            scope = self.op_scope(op)
-            geo = self.problem.geometries.get(op) if self.problem is not None else None
-            layout = tuple(tuple(scope.index(self.coarse.group_of[t]) for t, _ in entries)
-                           for entries in self.vectors[op])
-            key = None if geo is None else (geo, layout, tuple(self.domains[g] for g in scope))
-            shared = self._tables.get(key) if key is not None else None
+        """(scope, table = min over choices, argmin choice) over the op's groups, sorted.
+        Ops with equal vectors (one geometry) whose tensors fall into groups in the same
+        pattern share the arrays; the pattern ranks each tensor's group among the op's."""
+        cached = self._tables.get(op)
+        if cached is None and not isinstance(self.vectors, OpVectors):
+            cached = self._tables[op] = self._named_table(op)
+        if cached is None:
+            problem_op = self.vectors.ops[op]
+            group_of = self.coarse.group_of
+            groups = [group_of[t] for t in problem_op.inputs + problem_op.outputs]
+            distinct = sorted(set(groups))
+            pattern = tuple(distinct.index(g) for g in groups)
+            key = self.problem.geometries[op]
+            shared = self._shared.get((key, pattern)) if key is not None else None
             if shared is None:
-                shared = self._op_table(op, scope)[1:]
+                shared = self._op_table(op, pattern, distinct)
                 if key is not None:
-                    self._tables[key] = shared
-            self._tables[op] = (scope, *shared)
-        return self._tables[op]
+                    self._shared[(key, pattern)] = shared
+            used, table, argmin = shared
+            cached = self._tables[op] = (tuple(distinct[i] for i in used), table, argmin)
+        return cached
 
-    def _op_table(self, op: str, scope) -> tuple[tuple[int, ...], np.ndarray, np.ndarray]:
-        shape = [self.domains[g] for g in scope]
-        per_choice = np.zeros([len(self.vectors[op])] + shape)
-        for c, entries in enumerate(self.vectors[op]):
-            for tensor, vector in entries:
-                axis = scope.index(self.coarse.group_of[tensor])
-                view = [1] * len(scope)
-                view[axis] = len(vector)
-                per_choice[c] += vector.reshape(view)
-        return scope, per_choice.min(axis=0), per_choice.argmin(axis=0)
+    def _op_table(self, op: str, pattern, distinct):
+        """(pattern ranks with vectors, min table over them, argmin) for one op."""
+        n_in = len(self.vectors.ops[op].inputs)
+        positional = self.vectors.positional(op)
+        ranks = [[pattern[i if kind == "in" else n_in + i] for (kind, i), _ in entries]
+                 for entries in positional]
+        used = tuple(sorted({r for row in ranks for r in row}))
+        table, argmin = _min_table(
+            [[(used.index(r), v) for r, (_, v) in zip(row, entries)]
+             for row, entries in zip(ranks, positional)],
+            [self.domains[distinct[r]] for r in used])
+        return used, table, argmin
 
-    def _free(self, scope, table) -> tuple[tuple[int, ...], np.ndarray]:
-        """The table on the groups that have a choice (one-state groups are constants)."""
-        free = tuple(g for g in scope if self.domains[g] > 1)
-        return free, table.reshape([self.domains[g] for g in free])
+    def _named_table(self, op: str):
+        """op_table from plain {op: [[(tensor, vector)]]} vectors (models built by hand)."""
+        group_of = self.coarse.group_of
+        scope = tuple(sorted({group_of[t] for entries in self.vectors[op] for t, _ in entries}))
+        return (scope, *_min_table([[(scope.index(group_of[t]), v) for t, v in entries]
+                                    for entries in self.vectors[op]],
+                                   [self.domains[g] for g in scope]))
 
-    def factors(self) -> list[dp.Factor]:
-        """One factor per op over its groups with a choice; ops with none add `constant`."""
-        out = []
+    def entries(self, op: str, choice: int) -> list[tuple[str, np.ndarray]]:
+        """[(tensor, bytes per state)] of one choice of one op."""
+        if not isinstance(self.vectors, OpVectors):
+            return self.vectors[op][choice]
+        problem_op = self.vectors.ops[op]
+        return [(tensor_at(problem_op, position), vector)
+                for position, vector in self.vectors.positional(op)[choice]]
+
+    def factors(self) -> tuple[list[dp.Factor], float]:
+        """The DP's factors over groups with a choice — ops with one scope summed into one
+        factor — and `constant`: the bytes of ops whose groups all have one state (the
+        same in every assignment)."""
+        merged: dict[tuple[int, ...], np.ndarray] = {}
+        constant = 0.0
+        squeezed: dict[int, tuple] = {}          # id(table) -> (free axes, table on them)
         for op in self.vectors:
-            free, table = self._free(*self.op_table(op)[:2])
-            if free:
-                out.append(dp.Factor(free, table))
-        return out
-
-    def constant(self) -> float:
-        """Bytes of the ops whose groups all have one state: the same in every assignment."""
-        total = 0.0
-        for op in self.vectors:
-            free, table = self._free(*self.op_table(op)[:2])
-            if not free:
-                total += float(table)
-        return total
+            scope, table, _ = self.op_table(op)
+            axes, free_table = squeezed.get(id(table)) or squeezed.setdefault(
+                id(table), _squeeze(table))
+            if not axes:
+                constant += free_table.item()
+                continue
+            free = tuple(scope[i] for i in axes)
+            merged[free] = merged[free] + free_table if free in merged else free_table
+        return [dp.Factor(scope, table) for scope, table in merged.items()], constant
 
     def evaluate(self, assignment) -> tuple[float, dict[str, int]]:
         """Total bytes of a group assignment, and each op's best choice under it."""
@@ -105,6 +125,23 @@ class LevelModel:
             total += float(table[index])
             chosen[op] = int(argmin[index])
         return total, chosen
+
+
+def _squeeze(table: np.ndarray) -> tuple[tuple[int, ...], np.ndarray]:
+    """(axes with more than one state, the table on those axes)."""
+    axes = tuple(i for i, n in enumerate(table.shape) if n > 1)
+    return axes, table.reshape([table.shape[i] for i in axes])
+
+
+def _min_table(per_choice: list[list[tuple[int, np.ndarray]]], shape: list[int]):
+    """min and argmin over choices of the sum of each choice's (axis, vector) terms."""
+    tables = np.zeros([len(per_choice)] + shape)
+    for c, terms in enumerate(per_choice):
+        for axis, vector in terms:
+            view = [1] * len(shape)
+            view[axis] = len(vector)
+            tables[c] += vector.reshape(view)
+    return tables.min(axis=0), tables.argmin(axis=0)
 
 
 @dataclass(frozen=True)
@@ -124,7 +161,7 @@ def solve_level(model: LevelModel, max_table: int = dp.MAX_TABLE,
                 beam: int = dp.BEAM) -> LevelResult:
     """The exact optimum of one level (unless the DP's table bound forces its fallback)."""
     start = time.perf_counter()
-    solution = dp.solve(model.domains, model.factors(),
+    solution = dp.solve(model.domains, model.factors()[0],
                         order=sorted(range(len(model.domains)),
                                      key=lambda g: model.coarse.position[g]),
                         max_table=max_table, beam=beam)
@@ -136,8 +173,11 @@ def result_of(model: LevelModel, assignment, exact: bool, seconds: float) -> Lev
     states = {t: model.group_states(g)[assignment[g]]
               for g, members in enumerate(model.coarse.members) for t in members}
     labels = {op: model.problem.choices[op][c].label for op, c in chosen.items()}
-    breakdown = tuple((op, tensor, float(vector[assignment[model.coarse.group_of[tensor]]]))
-                      for op, c in chosen.items() for tensor, vector in model.vectors[op][c]
-                      if vector[assignment[model.coarse.group_of[tensor]]] > 0)
+    breakdown = []
+    for op, c in chosen.items():
+        for tensor, vector in model.entries(op, c):
+            moved = float(vector[assignment[model.coarse.group_of[tensor]]])
+            if moved > 0:
+                breakdown.append((op, tensor, moved))
     return LevelResult(model.problem.k, tuple(assignment), states, labels, total, exact,
-                       seconds, breakdown)
+                       seconds, tuple(breakdown))

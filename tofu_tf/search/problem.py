@@ -15,8 +15,8 @@ state of each touched tensor (formulas in cost.py), batched through one `overlap
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
+from typing import Mapping
 
 import numpy as np
 
@@ -75,6 +75,10 @@ class SearchCache:
     choices: dict = field(default_factory=dict)
     vectors: dict = field(default_factory=dict)
     local_ops: dict = field(default_factory=dict)
+    parts: dict = field(default_factory=dict)        # (signature, label, k) -> k LocalOps
+    kinds: dict = field(default_factory=dict)        # (shape, states) -> kind id
+    root: tuple | None = None                        # (graph, root ops, root tensors)
+    geometries: dict = field(default_factory=dict)   # geometry -> id
     semantics: SemanticsMemo = field(default_factory=SemanticsMemo)
 
 
@@ -92,11 +96,22 @@ class Problem:
     replicate_below: int = 0
     choices: dict[str, list[Choice]] = field(default_factory=dict)
     cache: "SearchCache" = field(default_factory=lambda: SearchCache())
-    geometries: dict[str, tuple | None] = field(default_factory=dict)   # op -> geometry
+    geometries: dict[str, int | None] = field(default_factory=dict)   # op -> geometry id
+    _kinds: dict = field(default_factory=dict, repr=False)       # tensor -> kind id
 
     def states(self, tensor: str) -> tuple[OutputState, ...]:
         below = None if tensor in self.replicable else self.replicate_below
         return tensor_states(self.tensors[tensor].shape, self.k, below)
+
+    def kind(self, tensor: str) -> int:
+        """What a choice's boxes and vectors depend on of a tensor — its shape and states —
+        as an id (equal ids, equal kinds) that is cheap to hash in geometry keys."""
+        kind = self._kinds.get(tensor)
+        if kind is None:
+            value = (self.tensors[tensor].shape, self.states(tensor))
+            kind = self._kinds[tensor] = self.cache.kinds.setdefault(value,
+                                                                     len(self.cache.kinds))
+        return kind
 
 
 def clamp_box(box: Box, shape: tuple[int, ...], delta: tuple[int, ...]) -> Box:
@@ -124,12 +139,23 @@ def _opaque_local(op: ProblemOp) -> LocalOp:
                    (None,) * n_out, (1.0,) * n_out)
 
 
-def make_choice(problem: Problem, op: ProblemOp, strategy: Strategy | None) -> Choice:
+def _parts(problem: Problem, op: ProblemOp, strategy: Strategy | None) -> list[LocalOp]:
+    """The k local ops of a strategy (shared by ops of one signature)."""
     k = problem.k
     if op.sem.is_opaque:
-        locals_ = [_opaque_local(op)] * k
-    else:
-        locals_ = [localize(op.sem, strategy, k, p) for p in range(k)]
+        return [_opaque_local(op)] * k
+    key = None if op.key is None else (op.key, None if strategy is None else
+                                       (strategy.kind, strategy.var), k)
+    parts = problem.cache.parts.get(key) if key is not None else None
+    if parts is None:
+        parts = [localize(op.sem, strategy, k, p) for p in range(k)]
+        if key is not None:
+            problem.cache.parts[key] = parts
+    return parts
+
+
+def make_choice(problem: Problem, op: ProblemOp, strategy: Strategy | None) -> Choice:
+    locals_ = _parts(problem, op, strategy)
     input_boxes = []
     for i, tensor in enumerate(op.inputs):
         if locals_[0].input_slices[i] is None or tensor not in problem.tensors:
@@ -157,20 +183,25 @@ def output_spec(problem: Problem, op: ProblemOp, index: int) -> TensorSpec:
     return spec if domain is None else TensorSpec(spec.name, tuple(domain), spec.dtype)
 
 
-def geometry(problem: Problem, op: ProblemOp) -> tuple | None:
-    """Ops with equal geometry have equal choices and cost vectors (up to tensor names)."""
-    if op.name not in problem.geometries:
-        problem.geometries[op.name] = _geometry(problem, op)
-    return problem.geometries[op.name]
+def geometry(problem: Problem, op: ProblemOp) -> int | None:
+    """Ops with equal geometry have equal choices and cost vectors (up to tensor names).
+    The geometry — k, signature, offsets, reduce domains, tensor kinds — is interned as an
+    id, so later keys hash an int."""
+    geo = problem.geometries.get(op.name, False)
+    if geo is False:
+        geo = problem.geometries[op.name] = _geometry(problem, op)
+    return geo
 
 
-def _geometry(problem: Problem, op: ProblemOp) -> tuple | None:
+def _geometry(problem: Problem, op: ProblemOp) -> int | None:
     if op.key is None:
         return None
-    return (op.key, op.input_offsets, op.reduce_domains,
-            tuple(problem.tensors[t].shape for t in op.inputs),
-            tuple(problem.tensors[t].shape for t in op.outputs),
-            tuple(problem.states(t) for t in op.inputs + op.outputs))
+    kinds, kind = problem._kinds, problem.kind
+    value = (problem.k, op.key, op.input_offsets, op.reduce_domains,
+             tuple(kinds[t] if t in kinds else kind(t) for t in op.inputs),
+             tuple(kinds[t] if t in kinds else kind(t) for t in op.outputs))
+    ids = problem.cache.geometries
+    return ids.setdefault(value, len(ids))
 
 
 def may_replicate(problem: Problem, op: ProblemOp, has_strategies: bool) -> bool:
@@ -186,7 +217,6 @@ def build_choices(problem: Problem) -> None:
     memo = problem.cache.choices
     for op in problem.ops:
         key = geometry(problem, op)
-        key = None if key is None else (problem.k, key)
         if key is not None and key in memo:
             problem.choices[op.name] = memo[key]
             continue
@@ -228,36 +258,62 @@ def _state_columns(problem: Problem, spec: TensorSpec, rank: int) -> list[int]:
     return [rank if s.kind == "replicated" else s.dim for s in problem.states(spec.name)]
 
 
-def cost_vectors(problem: Problem) -> dict[str, list[list[tuple[str, np.ndarray]]]]:
-    """For each op and choice: [(tensor, bytes per stored state of that tensor), ...].
-    Equal geometries are computed once (and remembered in the search cache); all new boxes
-    go through one `overlaps` call."""
+class OpVectors(Mapping):
+    """op -> per choice [(tensor, bytes per stored state of that tensor)]: the cost
+    vectors. Ops of one geometry share one positional list (`positional`); tensor names
+    are resolved on first access."""
+
+    def __init__(self, problem: Problem, unique: dict[str, list]):
+        self.problem = problem
+        self.ops = {op.name: op for op in problem.ops}
+        self._unique = unique               # ops without a geometry: their own vectors
+        self._named: dict[str, list] = {}
+
+    def positional(self, op: str) -> list[list[tuple[tuple[str, int], np.ndarray]]]:
+        """Per choice [(("in"|"out", index), bytes per state)], shared by its geometry."""
+        key = self.problem.geometries[op]
+        return self._unique[op] if key is None else self.problem.cache.vectors[key]
+
+    def __getitem__(self, op: str):
+        named = self._named.get(op)
+        if named is None:
+            problem_op = self.ops[op]
+            named = self._named[op] = [
+                [(tensor_at(problem_op, position), vector) for position, vector in entries]
+                for entries in self.positional(op)]
+        return named
+
+    def __iter__(self):
+        return iter(self.ops)
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+
+def cost_vectors(problem: Problem) -> OpVectors:
+    """Every op's cost vectors. Equal geometries are computed once (and remembered in the
+    search cache); all new boxes go through one `overlaps` call."""
     k = problem.k
     rank = max([len(t.shape) for t in problem.tensors.values()] + [1])
     batch = _Batch()
     finished = problem.cache.vectors
-    pending: dict[tuple, list[list[tuple]]] = {}
-    key_of: dict[str, tuple] = {}
+    pending: dict = {}                  # geometry key or op name (no geometry) -> entries
     for op in problem.ops:
-        geo = geometry(problem, op)
-        key = (k, geo) if geo is not None else ("unique", id(problem), op.name)
-        key_of[op.name] = key
-        if key not in finished and key not in pending:
-            pending[key] = [_pending_entries(problem, op, choice, batch, rank)
-                            for choice in problem.choices[op.name]]
+        key = geometry(problem, op)
+        pending_key = op.name if key is None else key
+        if key not in finished and pending_key not in pending:
+            pending[pending_key] = [_pending_entries(problem, op, choice, batch, rank)
+                                    for choice in problem.choices[op.name]]
     volumes = batch.run(k)
+    unique = {}
     for key, per_choice in pending.items():
-        finished[key] = [[_finish(problem, entry, volumes, rank) for entry in entries]
-                         for entries in per_choice]
-    out = {op.name: [[(_tensor_at(op, position), vector) for position, vector in entries]
-                     for entries in finished[key_of[op.name]]] for op in problem.ops}
-    for key in pending:
-        if key[0] == "unique":
-            del finished[key]
-    return out
+        vectors = [[_finish(problem, entry, volumes, rank) for entry in entries]
+                   for entries in per_choice]
+        (unique if isinstance(key, str) else finished)[key] = vectors
+    return OpVectors(problem, unique)
 
 
-def _tensor_at(op: ProblemOp, position: tuple[str, int]) -> str:
+def tensor_at(op: ProblemOp, position: tuple[str, int]) -> str:
     kind, index = position
     return op.inputs[index] if kind == "in" else op.outputs[index]
 
@@ -313,26 +369,36 @@ def _finish(problem, entry, volumes, rank) -> tuple[tuple[str, int], np.ndarray]
 
 def root_problem(graph, entries, k: int, replicable=frozenset(),
                  replicate_below: int = 0, cache: SearchCache | None = None) -> Problem:
-    """Level 1: the planner graph's ops (catalog entries) and tensors."""
-    tensors = {name: TensorSpec(name, t.shape, t.dtype) for name, t in graph.tensors.items()}
-    ops = []
-    for op in graph:
-        entry = entries[op.name]
-        if entry.semantics is None or not entry.semantics.output_shapes and not op.inputs:
-            continue
-        outputs = tuple(op.outputs) + tuple(op.inputs[c.alias]
-                                            for c in entry.semantics.updates)
-        ops.append(ProblemOp(op.name, entry.semantics, entry.strategies, tuple(op.inputs),
-                             outputs, tuple((0,) * len(tensors[t].shape) for t in op.inputs),
-                             entry.signature))
-    return Problem(k, ops, tensors, frozenset(replicable), replicate_below,
-                   cache=cache or SearchCache())
+    """Level 1: the planner graph's ops (catalog entries) and tensors. Every policy's root
+    shares one list of ops and tensors through the cache."""
+    cache = cache or SearchCache()
+    if cache.root is None or cache.root[0] is not graph:
+        tensors = {name: TensorSpec(name, t.shape, t.dtype)
+                   for name, t in graph.tensors.items()}
+        ops = []
+        for op in graph:
+            entry = entries[op.name]
+            if entry.semantics is None or not entry.semantics.output_shapes and not op.inputs:
+                continue
+            outputs = tuple(op.outputs) + tuple(op.inputs[c.alias]
+                                                for c in entry.semantics.updates)
+            ops.append(ProblemOp(op.name, entry.semantics, entry.strategies,
+                                 tuple(op.inputs), outputs,
+                                 tuple((0,) * len(tensors[t].shape) for t in op.inputs),
+                                 entry.signature))
+        cache.root = (graph, ops, tensors)
+    _, ops, tensors = cache.root
+    return Problem(k, ops, tensors, frozenset(replicable), replicate_below, cache=cache)
 
 
 def sub_problem(problem: Problem, states, choices, k: int) -> Problem:
     """The problem inside part 0 of this level, for the next level's k-way cut."""
-    tensors = {name: TensorSpec(name, _part0_shape(spec.shape, states.get(name), problem.k),
-                                spec.dtype) for name, spec in problem.tensors.items()}
+    tensors = {}
+    for name, spec in problem.tensors.items():
+        state = states.get(name)
+        if state is not None and state.kind == "split":
+            spec = TensorSpec(name, _part0_shape(spec.shape, state, problem.k), spec.dtype)
+        tensors[name] = spec
     cache = problem.cache
     ops = [_local_problem_op(problem, op, choices[op.name], tensors, cache.semantics,
                              cache.local_ops) for op in problem.ops]
@@ -358,13 +424,12 @@ def _local_problem_op(problem: Problem, op: ProblemOp, label: str, tensors,
             return ProblemOp(op.name, sem, strategies, op.inputs, op.outputs,
                              _shifted(op.input_offsets, shifts), sig,
                              _reduce_domains(problem, op, label, sem))
+        built = (*built, _reduce_domains(problem, op, label, built[0]))
         local_memo[key] = built
-    sem, strategies, shifts, sig = local_memo[key]
-    if sem.op_name != op.name:
-        sem = dataclasses.replace(sem, op_name=op.name)
+    # Ops of one signature share the local semantics (its op_name is the first one's).
+    sem, strategies, shifts, sig, domains = local_memo[key]
     return ProblemOp(op.name, sem, strategies, op.inputs, op.outputs,
-                     _shifted(op.input_offsets, shifts), sig,
-                     _reduce_domains(problem, op, label, sem))
+                     _shifted(op.input_offsets, shifts), sig, domains)
 
 
 def _reduce_domains(problem: Problem, op: ProblemOp, label: str, sem: Semantics):

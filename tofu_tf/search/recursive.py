@@ -19,6 +19,7 @@ import math
 import time
 from dataclasses import dataclass
 
+from tofu_tf._gc import paused_gc
 from tofu_tf.graph import Graph
 from tofu_tf.op_semantics.analysis import REPLICATED
 from tofu_tf.op_semantics.catalog import OpEntry, catalog
@@ -90,6 +91,11 @@ def search(graph: Graph, topology: Topology, *, solver=None,
     With `options.variable_storage` AUTO the recursion runs under both storage policies
     for variables and the cheaper total wins: the recursion fixes each level before the
     next, and which policy makes the inner levels cheaper depends on the model."""
+    with paused_gc():
+        return _search(graph, topology, solver, entries, options)
+
+
+def _search(graph, topology, solver, entries, options) -> SearchResult:
     start = time.perf_counter()
     solver = solver or functools.partial(solve_level, max_table=options.max_dp_table,
                                          beam=options.dp_beam)
