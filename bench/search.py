@@ -1,17 +1,25 @@
-"""Search benchmark: the paper configurations at 2, 4, 6 and 8 devices.
+"""Search benchmark: the paper configurations at 2, 4, 6 and 8 devices, and more.
 
-    python bench/search.py                       # every configuration (long)
-    python bench/search.py --only=lstm-10-8192 --devices=8 --repeats=1
+    python bench/search.py                       # every section (long: ~1 hour)
+    python bench/search.py --sections=configs --only=lstm-10-8192 --devices=8 --repeats=1
+    python bench/search.py --sections=end_to_end,backends,gap
 
-For each configuration the model is built as a graph only, imported once, and searched
-`--repeats` times; the result records the median search seconds, the plan's bytes, every
-baseline's bytes on the same cost model, and the machine. Results are merged into
-bench/results/search.json (keyed by configuration and device count) and the whole table is
-written to bench/results/search.md and printed.
+Sections (each merged into bench/results/search.json; the tables go to search.md):
+- configs: each configuration is built as a graph only and imported once, then searched
+  `--repeats` times per device count: median search seconds, the plan's bytes, every
+  baseline's bytes on the same cost model. Also the search-time ratio per doubling of
+  depth (WResNet 50 -> 101, LSTM 4 -> 8 layers) at 8 devices.
+- end_to_end: graph build + import + search in a fresh process (TensorFlow's own import
+  excluded), median of `--repeats` processes, for the GPT-2-medium-sized Transformer and
+  ResNet-50 with training-mode BatchNorm (WResNet-50 widen 1, 224x224, batch 8).
+- backends: the whole search with the C++ cost op against the NumPy fallback.
+- gap: on the tiny reference models, the recursive plan against the joint optimum of all
+  levels (exact DP over product domains) at 4 = 2x2 and 8 = 2x2x2 devices.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import platform
@@ -23,7 +31,10 @@ from pathlib import Path
 from absl import app, flags
 
 FLAGS = flags.FLAGS
+flags.DEFINE_string("sections", "configs,end_to_end,backends,gap",
+                    "comma-separated sections to run")
 flags.DEFINE_string("only", "", "comma-separated configuration names (default: all)")
+flags.DEFINE_string("e2e_child", "", "internal: measure one end-to-end run and print JSON")
 flags.DEFINE_string("devices", "2,4,6,8", "comma-separated device counts")
 flags.DEFINE_integer("repeats", 3, "search repetitions (the median is reported)")
 flags.DEFINE_bool("baselines", True, "also evaluate the baselines")
@@ -57,22 +68,26 @@ def machine() -> dict:
             "cost_backend": cost_op.backend(), "load": os.getloadavg()[0]}
 
 
-def run_one(model: str, sizes: dict, devices: int, repeats: int, with_baselines: bool) -> dict:
+def load(model: str, sizes: dict):
+    """(planner graph, build + import seconds) of a graph-only model."""
     from tofu_tf.models import build
     from tofu_tf.rewrite.graphdef_io import import_graph_def
-    from tofu_tf.search.plan import make_plan
-    from tofu_tf.search.topology import Topology
     start = time.perf_counter()
     step = build(model, optimizer="sgd", graph_only=True, **sizes)
     graph = import_graph_def(step.graph_def, step.fetches).graph
-    build_seconds = time.perf_counter() - start
+    return graph, time.perf_counter() - start
+
+
+def run_one(graph, devices: int, repeats: int, with_baselines: bool) -> dict:
+    from tofu_tf.search.plan import make_plan
+    from tofu_tf.search.topology import Topology
     topology = Topology.default(devices)
     seconds, plan = [], None
     for _ in range(repeats):
         plan = make_plan(graph, topology)
         seconds.append(plan.search_seconds)
     row = {"devices": devices, "num_ops": plan.num_ops, "num_groups": plan.num_groups,
-           "build_import_seconds": build_seconds, "search_seconds": statistics.median(seconds),
+           "search_seconds": statistics.median(seconds),
            "search_seconds_all": seconds, "plan_bytes": plan.total_bytes,
            "bytes_per_level": list(plan.bytes_per_level), "exact": plan.exact,
            "variable_storage": plan.variable_storage}
@@ -83,37 +98,172 @@ def run_one(model: str, sizes: dict, devices: int, repeats: int, with_baselines:
     return row
 
 
-def table(results: dict) -> str:
+def depth_doubling(results: dict) -> dict:
+    """Search-time ratio per doubling of depth at 8 devices (widest / largest hidden)."""
+    pairs = {"wresnet 50->101 (w10)": ("wresnet-50-w10@8", "wresnet-101-w10@8"),
+             "lstm 4->8 layers (h8192)": ("lstm-4-8192@8", "lstm-8-8192@8")}
+    return {label: results[b]["search_seconds"] / results[a]["search_seconds"]
+            for label, (a, b) in pairs.items() if a in results and b in results}
+
+
+# -- end to end ----------------------------------------------------------------------------
+
+END_TO_END = {
+    "gpt2-medium": ("transformer", dict(layers=24, d_model=1024, heads=16, seq_len=1024,
+                                        vocab=50257, batch_size=8), 2.2, 11.2),
+    "resnet50-train-bn": ("wresnet", dict(depth=50, widen=1, base_width=64, image_size=224,
+                                          num_classes=1000, batch_size=8), 2.1, 10.3),
+}
+
+
+def end_to_end_child(name: str) -> None:
+    importlib.import_module("tensorflow")   # TensorFlow's own import is not in the figure
+    from tofu_tf.models import build
+    from tofu_tf.rewrite.graphdef_io import import_graph_def
+    from tofu_tf.search.plan import make_plan
+    from tofu_tf.search.topology import Topology
+    model, sizes, _, _ = END_TO_END[name]
+    start = time.perf_counter()
+    step = build(model, optimizer="sgd", graph_only=True, **sizes)
+    built = time.perf_counter()
+    graph = import_graph_def(step.graph_def, step.fetches).graph
+    imported = time.perf_counter()
+    plan = make_plan(graph, Topology.default(8))
+    done = time.perf_counter()
+    print(json.dumps({"build": built - start, "import": imported - built,
+                      "search": done - imported, "total": done - start,
+                      "nodes": len(step.graph_def.node), "ops": plan.num_ops}))
+
+
+def end_to_end(repeats: int) -> dict:
+    import subprocess
+    out = {}
+    for name, (_, _, target, reference) in END_TO_END.items():
+        runs = []
+        for _ in range(repeats):
+            proc = subprocess.run([sys.executable, __file__, f"--e2e_child={name}"],
+                                  capture_output=True, text=True, check=True)
+            runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        median = {key: statistics.median(r[key] for r in runs)
+                  for key in ("build", "import", "search", "total")}
+        out[name] = {**median, "runs": runs, "target_seconds": target,
+                     "reference_planner_seconds": reference, "devices": 8}
+        print(f"{name}: end to end {median['total']:.2f} s (target {target} s)", flush=True)
+    return out
+
+
+# -- C++ op against the NumPy fallback on the whole search ---------------------------------
+
+def backends(repeats: int) -> dict:
+    from tofu_tf.cc import cost_op
+    from tofu_tf.search.plan import make_plan
+    from tofu_tf.search.topology import Topology
+    out = {}
+    for name in ("wresnet-152-w10", "lstm-10-8192"):
+        graph, _ = load(*configurations()[name])
+        seconds = {}
+        for backend in ("c++", "numpy"):
+            cost_op.use_backend(backend)
+            seconds[backend] = statistics.median(
+                make_plan(graph, Topology.default(8)).search_seconds for _ in range(repeats))
+        cost_op.use_backend(None)
+        out[name] = {**seconds, "speedup": seconds["numpy"] / seconds["c++"], "devices": 8}
+        print(f"{name}: c++ {seconds['c++']:.2f} s, numpy {seconds['numpy']:.2f} s", flush=True)
+    return out
+
+
+# -- recursive plan against the joint optimum ----------------------------------------------
+
+def gap() -> dict:
+    from tofu_tf.search.exact import joint_optimum
+    from tofu_tf.search.recursive import search
+    from tofu_tf.search.topology import Topology
+    out = {}
+    for model in ("mlp", "wresnet", "lstm", "transformer"):
+        graph, _ = load(model, {"batch_size": 8})
+        for devices in (4, 8):
+            topology = Topology.default(devices)
+            recursive = search(graph, topology).total_bytes
+            try:
+                joint = joint_optimum(graph, topology)
+            except Exception as err:          # joint domains past their bound: say so
+                out[f"{model}@{devices}"] = {"recursive_bytes": recursive, "error": str(err)}
+                continue
+            out[f"{model}@{devices}"] = {"recursive_bytes": recursive, "joint_bytes": joint,
+                                         "gap": (recursive - joint) / recursive}
+            print(f"{model} @ {devices}: gap {(recursive - joint) / recursive:.2%}",
+                  flush=True)
+    return out
+
+
+def table(stored: dict) -> str:
+    results = stored.get("results", {})
     lines = ["| config | devices | ops | search s (median) | plan GiB | best baseline GiB |",
              "|---|---|---|---|---|---|"]
-    for key in sorted(results):
+    for key in sorted(results, key=lambda k: (results[k]["config"], results[k]["devices"])):
         row = results[key]
         base = row.get("baselines") or {}
         best = min(base.items(), key=lambda kv: kv[1]) if base else ("-", float("nan"))
         lines.append(f"| {row['config']} | {row['devices']} | {row['num_ops']} | "
                      f"{row['search_seconds']:.2f} | {row['plan_bytes'] / 2**30:.3f} | "
                      f"{best[1] / 2**30:.3f} ({best[0]}) |")
+    for label, ratio in stored.get("depth_doubling", {}).items():
+        lines.append(f"\nSearch-time ratio per doubling of depth, {label}: {ratio:.2f}")
+    if stored.get("end_to_end"):
+        lines += ["", "| end to end (8 devices) | build s | import s | search s | total s | "
+                      "target s | ILP planner s |", "|---|---|---|---|---|---|---|"]
+        for name, row in stored["end_to_end"].items():
+            lines.append(f"| {name} | {row['build']:.2f} | {row['import']:.2f} | "
+                         f"{row['search']:.2f} | {row['total']:.2f} | "
+                         f"{row['target_seconds']} | {row['reference_planner_seconds']} |")
+    if stored.get("backends"):
+        lines += ["", "| whole search, 8 devices | C++ op s | NumPy s | speedup |",
+                  "|---|---|---|---|"]
+        for name, row in stored["backends"].items():
+            lines.append(f"| {name} | {row['c++']:.2f} | {row['numpy']:.2f} | "
+                         f"{row['speedup']:.2f}x |")
+    if stored.get("gap"):
+        lines += ["", "| tiny model @ devices | recursive B | joint optimum B | gap |",
+                  "|---|---|---|---|"]
+        for name, row in stored["gap"].items():
+            joint = f"{row['joint_bytes']:.0f}" if "joint_bytes" in row else row["error"]
+            gap = f"{row['gap']:.2%}" if "gap" in row else "-"
+            lines.append(f"| {name} | {row['recursive_bytes']:.0f} | {joint} | {gap} |")
     return "\n".join(lines)
 
 
 def main(argv) -> int:
     del argv
+    if FLAGS.e2e_child:
+        end_to_end_child(FLAGS.e2e_child)
+        return 0
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / "search.json"
-    stored = json.loads(path.read_text()) if path.exists() else {"results": {}}
-    wanted = [c for c in FLAGS.only.split(",") if c] or list(configurations())
-    for name in wanted:
-        model, sizes = configurations()[name]
-        for devices in (int(d) for d in FLAGS.devices.split(",")):
-            row = run_one(model, sizes, devices, FLAGS.repeats, FLAGS.baselines)
-            row["config"] = name
-            stored["results"][f"{name}@{devices}"] = row
-            print(f"{name} @ {devices}: search {row['search_seconds']:.2f} s, "
-                  f"plan {row['plan_bytes'] / 2**30:.3f} GiB", flush=True)
+    stored = json.loads(path.read_text()) if path.exists() else {}
+    stored.setdefault("results", {})
+    sections = set(FLAGS.sections.split(","))
+    if "configs" in sections:
+        wanted = [c for c in FLAGS.only.split(",") if c] or list(configurations())
+        for name in wanted:
+            graph, build_seconds = load(*configurations()[name])
+            for devices in (int(d) for d in FLAGS.devices.split(",")):
+                row = run_one(graph, devices, FLAGS.repeats, FLAGS.baselines)
+                row.update(config=name, build_import_seconds=build_seconds)
+                stored["results"][f"{name}@{devices}"] = row
+                print(f"{name} @ {devices}: search {row['search_seconds']:.2f} s, "
+                      f"plan {row['plan_bytes'] / 2**30:.3f} GiB", flush=True)
+            del graph
+        stored["depth_doubling"] = depth_doubling(stored["results"])
+    if "end_to_end" in sections:
+        stored["end_to_end"] = end_to_end(FLAGS.repeats)
+    if "backends" in sections:
+        stored["backends"] = backends(FLAGS.repeats)
+    if "gap" in sections:
+        stored["gap"] = gap()
     stored["machine"] = machine()
     stored["command"] = " ".join(sys.argv)
     path.write_text(json.dumps(stored, indent=1, sort_keys=True))
-    markdown = table(stored["results"])
+    markdown = table(stored)
     (RESULTS / "search.md").write_text(markdown + "\n")
     print(markdown)
     return 0
