@@ -1,0 +1,410 @@
+"""The plan becomes a device-placed GraphDef.
+
+For every op and device the emitter places the device's local op (`partition.py`: local
+shapes, adjusted attrs and constant inputs) and wires its inputs from what the devices
+store:
+
+- stored values: each output tensor is stored on each device as the plan's states say
+  (`Partition.stored`). A stored box is cut from the device's own result when it holds it,
+  assembled from the producing devices otherwise (`convert`), and summed over the
+  reduction group when the producers hold partial results (`reduce`).
+- reads: an op's input region is cut from the device's own stored box when it lies inside
+  it, otherwise assembled from the devices storing the rest (`fetch`): a Slice on the
+  owner, a ConcatV2 on the reader (TensorFlow's Send/Recv carry the cross-device edge),
+  then a Pad with the description's fill for halo parts beyond the tensor's edge.
+- variables: one VarHandleOp per device with the shard's shape; reads and in-place
+  updates address the device's shard. `Emitted.shards` maps each original variable to its
+  shards, so callers can initialise them from the unpartitioned values and write back.
+- fetches keep their names: a fetched tensor is assembled whole on device 0 under the
+  original name; a fetched op becomes a NoOp waiting for every device's piece.
+
+Every cross-device edge is recorded in the ledger. The input GraphDef is never mutated.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2, graph_pb2
+
+from tofu_tf.errors import RewriteError
+from tofu_tf.graph import DTYPE_SIZES, Graph, split_tensor_name
+from tofu_tf.op_semantics.catalog import OpEntry
+from tofu_tf.rewrite import collectives
+from tofu_tf.rewrite.ledger import Ledger
+from tofu_tf.rewrite.partition import Box, DeviceOp, Partition, partition
+from tofu_tf.rewrite.tf_attrs import to_attr_value
+from tofu_tf.search.plan import Plan
+
+
+
+@dataclass(frozen=True)
+class Shard:
+    device: int
+    box: Box
+    handle: str          # the shard's VarHandleOp name in the emitted graph
+
+
+@dataclass
+class Emitted:
+    graph_def: graph_pb2.GraphDef
+    partition: Partition
+    ledger: Ledger
+    shards: dict[str, tuple[Shard, ...]]           # variable (handle op) name -> shards
+    devices: tuple[str, ...]
+    fetches: tuple[str, ...]                        # names to fetch (same as the input's)
+    feeds: tuple[str, ...] = ()
+
+
+def cpu_devices(n: int) -> tuple[str, ...]:
+    return tuple(f"/job:localhost/replica:0/task:0/device:CPU:{d}" for d in range(n))
+
+
+def emit(graph: Graph, graph_def: graph_pb2.GraphDef, entries: Mapping[str, OpEntry],
+         plan: Plan, *, devices: Sequence[str] | None = None,
+         feeds: Sequence[str] = ()) -> Emitted:
+    """The partitioned GraphDef of `graph` (imported from `graph_def`) under `plan`."""
+    parts = partition(graph, entries, plan)
+    devices = tuple(devices or cpu_devices(parts.num_devices))
+    if len(devices) != parts.num_devices:
+        raise RewriteError(f"{len(devices)} device names for a plan over "
+                           f"{parts.num_devices} devices.",
+                           fix="pass one device name per device of the plan.")
+    return _Emitter(graph, graph_def, entries, parts, devices, feeds).run()
+
+
+@dataclass
+class _Value:
+    """A tensor region held on a device in the emitted graph."""
+    tensor: tf.Tensor
+    box: Box
+
+
+class _Emitter:
+    def __init__(self, graph: Graph, graph_def, entries, parts: Partition, devices, feeds):
+        self.graph, self.entries, self.parts, self.devices = graph, entries, parts, devices
+        self.feeds = tuple(feeds)
+        self.nodes = {node.name: node for node in graph_def.node}
+        self.out = tf.Graph()
+        self.ledger = Ledger()
+        self.n = parts.num_devices
+        self.produced: dict[str, list[_Value | None]] = {}      # tensor -> per device
+        self.partial: dict[str, tuple] = {}                      # tensor -> (levels, reducer)
+        self.stored: dict[tuple[str, int], _Value] = {}
+        self.handles: dict[tuple[str, int], tf.Tensor] = {}      # (variable tensor, device)
+        self.pieces: dict[str, list[tf.Operation]] = {}          # op -> its emitted ops
+        self.reads: dict[tuple[str, int], list[tf.Operation]] = {}
+        self.shards: dict[str, tuple[Shard, ...]] = {}
+        self.names = itertools.count()
+        self.variable_of = {v.handle: v for v in graph.variables.values()}
+
+    # -- driver ----------------------------------------------------------------------------
+    def run(self) -> Emitted:
+        with self.out.as_default():
+            for op in self.graph:
+                if op.name in self.parts.ops:
+                    self._emit_op(op)
+                else:
+                    raise RewriteError("the op has no description to partition.",
+                                       node=op.name, op_type=op.type)
+            fetches = [self._emit_fetch(f) for f in self.graph.fetches]
+        return Emitted(self.out.as_graph_def(add_shapes=True), self.parts, self.ledger,
+                       self.shards, self.devices, tuple(fetches), self.feeds)
+
+    def _name(self, base: str) -> str:
+        return f"{base}/tofu_{next(self.names)}"
+
+    def _device(self, d: int):
+        return tf.device(self.devices[d])
+
+    # -- ops -------------------------------------------------------------------------------
+    def _emit_op(self, op) -> None:
+        pieces = self.parts.ops[op.name]
+        node = self.nodes[op.name]
+        emitted = []
+        for piece in pieces:
+            with self._device(piece.device):
+                emitted.append(self._emit_piece(op, node, piece))
+        self.pieces[op.name] = [e for e in emitted if e is not None]
+        for o, t in enumerate(op.outputs):
+            out = pieces[0].outputs[o]
+            if out.partial_levels:
+                self.partial[t] = (out.partial_levels, out.reducer)
+
+    def _controls(self, op) -> list[tf.Operation]:
+        return [c for name in op.control_inputs for c in self.pieces.get(name, ())]
+
+    def _emit_piece(self, op, node, piece: DeviceOp) -> tf.Operation | None:
+        d = piece.device
+        if op.type in ("Placeholder",):
+            return self._emit_feed(op, node, piece)
+        if op.type == "VarHandleOp":
+            return self._emit_handle(op, node, piece)
+        if op.type == "ReadVariableOp" and not self._own_shard(op.inputs[0], piece, 0):
+            value = self._resource_value(op.inputs[0], piece.inputs[0].data, d, op.name)
+            self.produced.setdefault(op.outputs[0], [None] * self.n)[d] = _Value(
+                value, piece.outputs[0].box)
+            return value.op
+        inputs = []
+        for i, t in enumerate(op.inputs):
+            inputs.append(self._input(op, piece, i, t))
+        attrs = self._attrs(op, node, piece)
+        with tf.control_dependencies(self._controls(op) + self._update_controls(op, piece)):
+            created = self.out._create_op_internal(piece.op_type, inputs, name=self._name(op.name),
+                                                   attrs=attrs)
+        sem = self.entries[op.name].semantics
+        if sem.updates:
+            for c in sem.updates:
+                handle = op.inputs[c.alias]
+                self.reads.setdefault((handle, d), [])
+        elif op.type == "ReadVariableOp":
+            self.reads.setdefault((op.inputs[0], d), []).append(created)
+        for o, t in enumerate(op.outputs):
+            result = created.outputs[o]
+            out = piece.outputs[o]
+            result = self._crop(result, out.crop)
+            if out.scale != 1.0:
+                result = tf.math.multiply(result, tf.constant(out.scale, result.dtype),
+                                          name=self._name(op.name + "/scale"))
+            self.produced.setdefault(t, [None] * self.n)[d] = _Value(result, out.box)
+        return created
+
+    def _update_controls(self, op, piece: DeviceOp) -> list[tf.Operation]:
+        """An in-place update waits for every read of the shard it writes."""
+        sem = self.entries[op.name].semantics
+        controls = []
+        for c in sem.updates:
+            controls += self.reads.get((op.inputs[c.alias], piece.device), [])
+        return controls
+
+    def _attrs(self, op, node, piece: DeviceOp) -> dict:
+        attrs = {}
+        for key, value in node.attr.items():
+            if key.startswith("_"):
+                continue
+            attrs[key] = value
+        for key, value in piece.attrs.items():
+            original = op.attrs.get(key)
+            if key in op.attrs and _equal(original, value):
+                continue
+            attrs[key] = to_attr_value(node.attr[key] if key in node.attr else None, value)
+        return attrs
+
+    def _crop(self, tensor: tf.Tensor, crop: Box) -> tf.Tensor:
+        shape = tensor.shape.as_list()
+        if all(a == 0 and b == n for (a, b), n in zip(crop, shape)) and len(crop) == len(shape):
+            return tensor
+        return _slice(tensor, crop, self._name("crop"))
+
+    # -- inputs ----------------------------------------------------------------------------
+    def _input(self, op, piece: DeviceOp, i: int, t: str) -> tf.Tensor:
+        d = piece.device
+        spec = self.graph.tensors[t]
+        if t in self.variable_of:
+            if not self._own_shard(t, piece, i):
+                raise RewriteError(
+                    f"input {i} needs the variable region {piece.inputs[i].data} on device "
+                    f"{d}, which stores {self.parts.stored[t][d]}.", node=op.name,
+                    op_type=op.type, fix="the plan must update a variable where it is stored.")
+            return self.handles[(t, d)]
+        if i in piece.const_inputs:
+            value = np.asarray(piece.const_inputs[i], dtype=spec.dtype)
+            return tf.constant(value, name=self._name(op.name + "/const"))
+        read = piece.inputs[i]
+        if read is None:
+            if t in self.graph.constants:
+                return tf.constant(self.graph.constants[t], name=self._name(op.name + "/c"))
+            full = tuple((0, n) for n in spec.shape)
+            return self._read(t, full, d, op.name)
+        value = self._read(t, read.data, d, op.name) if _nonempty(read.data) else None
+        if any(p0 or p1 for p0, p1 in read.pads):
+            fill = read.fill if read.fill is not None else 0
+            if value is None:
+                return tf.fill(read.shape, tf.constant(fill, spec.dtype),
+                               name=self._name(op.name + "/fill"))
+            return tf.pad(value, [list(p) for p in read.pads], constant_values=fill,
+                          name=self._name(op.name + "/pad"))
+        if value is None:
+            return tf.zeros(read.shape, spec.dtype, name=self._name(op.name + "/empty"))
+        return value
+
+    def _own_shard(self, t: str, piece: DeviceOp, i: int) -> bool:
+        read = piece.inputs[i]
+        own = self.parts.stored[t][piece.device]
+        return read is not None and read.data == own and not any(
+            p0 or p1 for p0, p1 in read.pads)
+
+    def _read(self, t: str, box: Box, d: int, op: str) -> tf.Tensor:
+        """The region `box` of tensor t on device d, from the devices storing it."""
+        sources = [self._stored(t, e, op) for e in range(self.n)]
+        return self._assemble(t, box, d, sources, "fetch", op)
+
+    def _stored(self, t: str, d: int, op: str) -> _Value:
+        """Tensor t's stored box on device d (materialised on first use)."""
+        key = (t, d)
+        if key not in self.stored:
+            box = self.parts.stored[t][d]
+            with self._device(d):
+                if t in self.partial:
+                    value = self._reduced(t, d, box, op)
+                else:
+                    value = self._assemble(t, box, d, self.produced[t], "convert", op)
+            self.stored[key] = _Value(value, box)
+        return self.stored[key]
+
+    def _assemble(self, t: str, box: Box, d: int, sources: Sequence[_Value | None],
+                  kind: str, op: str) -> tf.Tensor:
+        """`box` of t on device d, cut from the sources (per device) that hold it."""
+        own = sources[d]
+        with self._device(d):
+            if own is not None and _contains(own.box, box):
+                return self._cut(own, box)
+            cuts = [sorted({a for a, _ in [box[k]]} | {b for _, b in [box[k]]}
+                           | {x for s in sources if s is not None
+                              for x in s.box[k] if box[k][0] < x < box[k][1]})
+                    for k in range(len(box))]
+            cells = [list(zip(c[:-1], c[1:])) for c in cuts]
+            return self._concat(t, box, d, sources, kind, op, cells, 0, [])
+
+    def _concat(self, t, box, d, sources, kind, op, cells, axis, prefix):
+        if axis == len(box):
+            cell = tuple(prefix)
+            src = self._source(cell, d, sources)
+            if src is None:
+                raise RewriteError(f"no device holds region {cell} of tensor '{t}'.",
+                                   node=op, fix="the plan's states do not cover the tensor.")
+            with self._device(src):
+                piece = self._cut(sources[src], cell)
+            self.ledger.add(kind, t, op, src, d, _bytes(cell, self.graph.tensors[t].dtype))
+            return piece
+        parts = [self._concat(t, box, d, sources, kind, op, cells, axis + 1, prefix + [c])
+                 for c in cells[axis]]
+        if len(parts) == 1:
+            return parts[0]
+        with self._device(d):
+            return tf.concat(parts, axis, name=self._name(t.replace(":", "_") + "/concat"))
+
+    def _source(self, cell: Box, d: int, sources) -> int | None:
+        """The device to read a cell from: d itself if it holds it, else the nearest
+        holder (sharing the longest prefix of level coordinates)."""
+        holders = [e for e, s in enumerate(sources) if s is not None and _contains(s.box, cell)]
+        if not holders:
+            return None
+        if d in holders:
+            return d
+        mine = self.parts.coordinates(d)
+        return max(holders, key=lambda e: (_prefix(self.parts.coordinates(e), mine), -e))
+
+    def _cut(self, value: _Value, box: Box) -> tf.Tensor:
+        if value.box == box:
+            return value.tensor
+        local = tuple((a - va, b - va) for (a, b), (va, _) in zip(box, value.box))
+        return _slice(value.tensor, local, self._name("slice"))
+
+    # -- partial results -------------------------------------------------------------------
+    def _reduced(self, t: str, d: int, box: Box, op: str) -> tf.Tensor:
+        levels, reducer = self.partial[t]
+        group = self.parts.group(d, levels)
+        return collectives.reduce_region(self, t, box, d, group, reducer, op)
+
+    # -- sources and variables -------------------------------------------------------------
+    def _emit_feed(self, op, node, piece: DeviceOp):
+        t = op.outputs[0]
+        if t not in self.produced:
+            with self._device(0):
+                attrs = {k: v for k, v in node.attr.items() if not k.startswith("_")}
+                whole = self.out._create_op_internal("Placeholder", [], name=op.name,
+                                                     attrs=attrs)
+            self.feed_op = whole
+            self.produced[t] = [None] * self.n
+            self._whole_feed = _Value(whole.outputs[0],
+                                      tuple((0, n) for n in self.graph.tensors[t].shape))
+        out = piece.outputs[0]
+        value = self._cut(self._whole_feed, out.box)
+        self.ledger.add("feed", t, op.name, 0, piece.device,
+                        _bytes(out.box, self.graph.tensors[t].dtype))
+        self.produced[t][piece.device] = _Value(tf.identity(value, name=self._name(op.name))
+                                                if piece.device else value, out.box)
+        return None
+
+    def _emit_handle(self, op, node, piece: DeviceOp):
+        t = op.outputs[0]
+        d = piece.device
+        box = self.parts.stored[t][d]
+        attrs = {k: v for k, v in node.attr.items() if not k.startswith("_")}
+        shared = node.attr["shared_name"].s.decode() if "shared_name" in node.attr else ""
+        name = self._name(op.name)
+        attrs["shape"] = attr_value_pb2.AttrValue(
+            shape=tf.TensorShape([b - a for a, b in box]).as_proto())
+        attrs["shared_name"] = attr_value_pb2.AttrValue(
+            s=f"{shared or op.name}/tofu_part_{d}".encode())
+        created = self.out._create_op_internal("VarHandleOp", [], name=name, attrs=attrs)
+        self.handles[(t, d)] = created.outputs[0]
+        self.shards[op.name] = self.shards.get(op.name, ()) + (Shard(d, box, created.name),)
+        return created
+
+    def _resource_value(self, t: str, box: Box, d: int, op: str) -> tf.Tensor:
+        """The variable's values in `box`, read from the shards that hold them."""
+        sources = []
+        for e in range(self.n):
+            with self._device(e):
+                key = ("value", t, e)
+                if key not in self.stored:
+                    dtype = tf.as_dtype(self.variable_of[t].dtype)
+                    read = tf.raw_ops.ReadVariableOp(resource=self.handles[(t, e)],
+                                                     dtype=dtype, name=self._name("read"))
+                    self.reads.setdefault((t, e), []).append(read.op)
+                    self.stored[key] = _Value(read, self.parts.stored[t][e])
+                sources.append(self.stored[key])
+        return self._assemble(t, box, d, sources, "fetch", op)
+
+    # -- fetches ---------------------------------------------------------------------------
+    def _emit_fetch(self, fetch: str) -> str:
+        name, index = split_tensor_name(fetch) if ":" in fetch else (fetch, None)
+        if index is None:
+            with tf.control_dependencies(self.pieces.get(name, [])):
+                tf.raw_ops.NoOp(name=name)
+            return name
+        spec = self.graph.tensors[fetch]
+        full = tuple((0, n) for n in spec.shape)
+        sources = [self._stored(fetch, e, name) for e in range(self.n)]
+        with self._device(0):
+            value = self._assemble(fetch, full, 0, sources, "result", name)
+            out = tf.identity(value, name=name if index == 0 else f"{name}_{index}")
+        return out.name
+
+
+def _slice(tensor: tf.Tensor, box: Box, name: str) -> tf.Tensor:
+    return tf.slice(tensor, [a for a, _ in box], [b - a for a, b in box], name=name)
+
+
+def _contains(outer: Box, inner: Box) -> bool:
+    return all(a <= c and d <= b for (a, b), (c, d) in zip(outer, inner))
+
+
+def _nonempty(box: Box) -> bool:
+    return all(b > a for a, b in box)
+
+
+def _prefix(a, b) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _bytes(box: Box, dtype: str) -> int:
+    return int(np.prod([b - a for a, b in box], dtype=np.int64)) * DTYPE_SIZES.get(dtype, 4)
+
+
+def _equal(a, b) -> bool:
+    try:
+        return bool(np.array_equal(np.asarray(a, dtype=object), np.asarray(b, dtype=object)))
+    except Exception:   # noqa: BLE001 — incomparable values differ
+        return False

@@ -1,0 +1,55 @@
+"""Every transfer the emitted graph makes: kind, bytes, devices and the op that caused it.
+
+Kinds:
+- fetch:   an op reads a region of an input that its device does not store;
+- convert: a produced output is stored in a different layout (an all-gather, a re-split);
+- reduce:  partial results are combined (reduce-scatter, and the all-gather after it when
+           the result is stored replicated);
+- feed:    a fed placeholder's share goes to the device that stores it;
+- result:  a fetched tensor is assembled on the first device.
+Feed and result transfers are outside the step the plan prices (`step_bytes` leaves them
+out).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+STEP_KINDS = ("fetch", "convert", "reduce")
+
+
+@dataclass(frozen=True)
+class Transfer:
+    kind: str
+    tensor: str
+    op: str            # the op whose input, output or fetch caused it
+    src: int
+    dst: int
+    bytes: int
+
+
+@dataclass
+class Ledger:
+    transfers: list[Transfer] = field(default_factory=list)
+
+    def add(self, kind: str, tensor: str, op: str, src: int, dst: int, num_bytes: int) -> None:
+        if src != dst and num_bytes > 0:
+            self.transfers.append(Transfer(kind, tensor, op, src, dst, int(num_bytes)))
+
+    def total(self, kinds=None) -> int:
+        return sum(t.bytes for t in self.transfers if kinds is None or t.kind in kinds)
+
+    @property
+    def step_bytes(self) -> int:
+        """Bytes the training step moves between devices (what the plan prices)."""
+        return self.total(STEP_KINDS)
+
+    def by_kind(self) -> dict[str, int]:
+        out: dict[str, int] = defaultdict(int)
+        for t in self.transfers:
+            out[t.kind] += t.bytes
+        return dict(out)
+
+    def largest(self, count: int = 10) -> list[Transfer]:
+        return sorted(self.transfers, key=lambda t: -t.bytes)[:count]

@@ -1,0 +1,267 @@
+"""What every device holds and computes under a plan, in global coordinates (no TensorFlow).
+
+The plan gives, per level, each tensor's stored state and each op's choice. A device is a
+coordinate (p1, ..., pL), one part per level. Composing the levels:
+
+- Stored region of a tensor on a device: start from the whole tensor; at each level a
+  Split(d) state keeps part p_l of the current box along d (the usual uneven split, as in
+  `part_range`), Replicated keeps it whole.
+- Device op: level 1's local op of part p1 (`localize`) is re-described and level 2's
+  choice — looked up by label, as the search did for part 0 — localizes it for part p2, and
+  so on. Each level's input slice and pad compose into one global data box plus fill around
+  it; each level's output share composes into one global box; Partial outputs remember the
+  levels at which they are partial (their reduction groups) and the reducer.
+
+A level whose local op crops its result (a VALID convolution over a halo, a pooled window)
+ends the descent: the device runs that level's local op, a superset of the deeper levels'
+share, which is always sound. So does a level whose local op cannot be described, or whose
+part has no strategy with the plan's label (an uneven part too small for it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from tofu_tf.errors import RewriteError
+from tofu_tf.graph import Graph
+from tofu_tf.op_semantics.analysis import OutputState, Strategy, part_range
+from tofu_tf.op_semantics.catalog import OpEntry
+from tofu_tf.op_semantics.localize import LocalOp, localize
+from tofu_tf.op_semantics.memo import SemanticsMemo
+from tofu_tf.op_semantics.registry import Semantics
+from tofu_tf.search.plan import Plan
+
+Box = tuple[tuple[int, int], ...]          # half-open [start, stop) per dim, global coords
+REPLICATE = "replicate"
+
+
+@dataclass(frozen=True)
+class InputPiece:
+    """What a device op reads of one input: `data` from the tensor, `pads` of fill around."""
+    data: Box
+    pads: Box                                # (before, after) per dim
+    fill: float | None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(b - a + p0 + p1 for (a, b), (p0, p1) in zip(self.data, self.pads))
+
+
+@dataclass(frozen=True)
+class OutputPiece:
+    """What a device op's (cropped) result holds of one output (or in-place update)."""
+    box: Box
+    crop: Box                                # where `box` lies in the kernel's result
+    scale: float                             # factor before combining a partial result
+    partial_levels: tuple[int, ...] = ()     # levels whose parts hold partial results
+    reducer: str | None = None
+
+
+@dataclass(frozen=True)
+class DeviceOp:
+    op: str
+    device: int
+    op_type: str
+    attrs: Mapping[str, Any]
+    const_inputs: Mapping[int, np.ndarray]   # local value of meta inputs
+    inputs: tuple[InputPiece | None, ...]    # per input; None: meta or unused
+    outputs: tuple[OutputPiece, ...]         # real outputs, then updates (sem order)
+    depth: int                               # levels applied (< levels: ran a superset)
+
+
+@dataclass(frozen=True)
+class Partition:
+    ways: tuple[int, ...]
+    stored: Mapping[str, tuple[Box, ...]]            # tensor -> box per device
+    ops: Mapping[str, tuple[DeviceOp, ...]]          # op -> one per device
+
+    @property
+    def num_devices(self) -> int:
+        return len(next(iter(self.stored.values()))) if self.stored else int(
+            np.prod(self.ways))
+
+    def coordinates(self, device: int) -> tuple[int, ...]:
+        coords = []
+        for ways in reversed(self.ways):
+            device, p = divmod(device, ways)
+            coords.append(p)
+        return tuple(reversed(coords))
+
+    def group(self, device: int, levels: tuple[int, ...]) -> tuple[int, ...]:
+        """Devices equal to `device` outside `levels` (its reduction group), in order."""
+        mine = self.coordinates(device)
+        return tuple(d for d in range(self.num_devices)
+                     if all(c == m for i, (c, m) in enumerate(zip(self.coordinates(d), mine))
+                            if i not in levels))
+
+
+def parse_state(text: str) -> OutputState:
+    from tofu_tf.op_semantics.analysis import REPLICATED, Split
+    if text == "R":
+        return REPLICATED
+    if text.startswith("S(") and text.endswith(")"):
+        return Split(int(text[2:-1]))
+    raise RewriteError(f"stored state '{text}' is neither R nor S(d).")
+
+
+def stored_box(shape: tuple[int, ...], states: list[OutputState], ways, coords) -> Box:
+    box = [(0, n) for n in shape]
+    for state, k, p in zip(states, ways, coords):
+        if state.kind == "split":
+            a, b = box[state.dim]
+            lo, hi = part_range(b - a, k, p)
+            box[state.dim] = (a + lo, a + hi + 1)
+    return tuple(box)
+
+
+def partition(graph: Graph, entries: Mapping[str, OpEntry], plan: Plan) -> Partition:
+    ways = tuple(level.ways for level in plan.levels)
+    n = int(np.prod(ways))
+    coords = [_coords(d, ways) for d in range(n)]
+    stored = {}
+    for name, tensor in graph.tensors.items():
+        if name not in plan.groups:
+            continue
+        states = [parse_state(plan.state(level, name)) for level in range(len(ways))]
+        stored[name] = tuple(stored_box(tensor.shape, states, ways, c) for c in coords)
+    memo = SemanticsMemo()
+    ops = {}
+    for op in graph:
+        entry = entries[op.name]
+        if entry.semantics is None:
+            continue
+        labels = [level.choices.get(op.name, REPLICATE) for level in plan.levels]
+        dtypes = ([graph.tensors[t].dtype for t in op.inputs],
+                  [graph.tensors[t].dtype for t in op.outputs])
+        ops[op.name] = tuple(
+            device_op(entry.semantics, entry.strategies, labels, ways, coords[d], d, memo,
+                      dtypes) for d in range(n))
+    return Partition(ways, stored, ops)
+
+
+def _coords(device: int, ways) -> tuple[int, ...]:
+    out = []
+    for k in reversed(ways):
+        device, p = divmod(device, k)
+        out.append(p)
+    return tuple(reversed(out))
+
+
+def _find(strategies, label: str) -> Strategy | None:
+    for s in strategies:
+        if f"{s.kind[0]}:{s.var}" == label:
+            return s
+    return None
+
+
+def device_op(sem: Semantics, strategies, labels, ways, coords, device: int,
+              memo: SemanticsMemo, dtypes) -> DeviceOp:
+    """The composite local op of one device (see the module docstring)."""
+    name = sem.op_name
+    n_in, n_out = len(sem.input_shapes), len(sem.output_shapes)
+    in_origin = [(0,) * len(s) for s in sem.input_shapes]
+    in_data: list[Box] = [tuple((0, d) for d in s) for s in sem.input_shapes]
+    fills: list[float | None] = [None] * n_in
+    out_origin = [(0,) * len(s) for s in sem.output_shapes]
+    window: list[Box] = [tuple((0, d) for d in s) for s in sem.output_shapes]
+    scale = [1.0] * n_out
+    partial: list[list[int]] = [[] for _ in range(n_out)]
+    reducer: list[str | None] = [None] * n_out
+    local: LocalOp | None = None
+    depth = 0
+    for level, (label, k, p) in enumerate(zip(labels, ways, coords)):
+        strategy = None if label == REPLICATE else _find(strategies, label)
+        if strategy is None and label != REPLICATE and local is not None:
+            break                                   # the part has no such strategy
+        if strategy is None and label != REPLICATE:
+            raise RewriteError(f"the plan's choice '{label}' is not a strategy of the op.",
+                               node=name, op_type=sem.op_type,
+                               fix="plan again for this graph.")
+        local = _localize(sem, strategy, k, p)
+        depth = level + 1
+        for i in range(n_in):
+            sl, pads = local.input_slices[i], local.input_pads[i]
+            if sl is None:
+                continue
+            pads = pads or tuple((0, 0) for _ in sl)
+            shifted = tuple((a + o, b + o) for (a, b), o in zip(sl, in_origin[i]))
+            in_data[i] = _intersect(in_data[i], shifted)
+            in_origin[i] = tuple(o + a - p0 for o, (a, _), (p0, _) in
+                                 zip(in_origin[i], sl, pads))
+            if local.input_fills[i] is not None:
+                fills[i] = local.input_fills[i]
+        for o in range(n_out):
+            share, crop = local.output_slices[o], local.output_crops[o]
+            window[o] = _intersect(window[o], tuple((a + g, b + g) for (a, b), g in
+                                                    zip(share, out_origin[o])))
+            out_origin[o] = tuple(g + a - (c[0] if crop else 0) for g, (a, _), c in
+                                  zip(out_origin[o], share, crop or share))
+            scale[o] *= local.output_scales[o]
+            if strategy is not None and strategy.outputs[o].kind == "partial":
+                partial[o].append(level)
+                reducer[o] = strategy.outputs[o].reducer
+        last = level + 1 == len(ways)
+        if last or any(c is not None for c in local.output_crops):
+            break
+        described = _describe(sem, local, memo, dtypes)
+        if described is None:
+            break
+        sem, strategies = described
+    inputs = []
+    for i in range(n_in):
+        if local.input_slices[i] is None:
+            inputs.append(None)
+            continue
+        shape = local.local_input_shape(i)
+        requested = tuple((o, o + d) for o, d in zip(in_origin[i], shape))
+        data = _intersect(requested, in_data[i])
+        pads = tuple((a - ra, rb - b) for (ra, rb), (a, b) in zip(requested, data))
+        inputs.append(InputPiece(data, pads, fills[i]))
+    outputs = [OutputPiece(window[o], tuple((a - g, b - g) for (a, b), g in
+                                            zip(window[o], out_origin[o])),
+                           scale[o], tuple(partial[o]), reducer[o]) for o in range(n_out)]
+    return DeviceOp(name, device, local.op_type, dict(local.attrs),
+                    dict(local.const_inputs), tuple(inputs), tuple(outputs), depth)
+
+
+def _localize(sem: Semantics, strategy: Strategy | None, k: int, p: int) -> LocalOp:
+    if sem.is_opaque:
+        return LocalOp(sem.op_type, dict(sem.attrs),
+                       tuple(tuple((0, n) for n in s) for s in sem.input_shapes),
+                       tuple(tuple((0, 0) for _ in s) for s in sem.input_shapes),
+                       (None,) * len(sem.input_shapes), {},
+                       tuple(tuple((0, n) for n in s) for s in sem.output_shapes),
+                       (None,) * len(sem.output_shapes), (1.0,) * len(sem.output_shapes))
+    return localize(sem, strategy, k, p)
+
+
+def _describe(sem: Semantics, local: LocalOp, memo: SemanticsMemo, dtypes):
+    """(semantics, strategies) of a part's local op, or None if it cannot be described."""
+    if sem.is_opaque:
+        return None
+    in_shapes = [local.local_input_shape(i) or shape
+                 for i, shape in enumerate(sem.input_shapes)]
+    out_shapes = [tuple(b - a for a, b in share) for share in local.output_slices]
+    n_real = sem.num_outputs if sem.num_outputs is not None else len(out_shapes)
+    in_dtypes, out_dtypes = dtypes
+    constants = {**sem.constants, **local.const_inputs}
+    try:
+        local_sem, strategies, _ = memo.get(sem.op_name, local.op_type, local.attrs,
+                                            in_shapes, in_dtypes, out_shapes[:n_real],
+                                            out_dtypes[:n_real], constants)
+    except Exception:        # noqa: BLE001 — a local op the descriptions cannot take
+        return None
+    if local_sem.is_opaque:
+        return None
+    return local_sem, strategies
+
+
+def _intersect(a: Box, b: Box) -> Box:
+    out = []
+    for (a0, a1), (b0, b1) in zip(a, b):
+        lo, hi = max(a0, b0), min(a1, b1)
+        out.append((lo, max(lo, hi)))
+    return tuple(out)
