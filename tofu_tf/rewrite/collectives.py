@@ -19,17 +19,33 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tofu_tf.errors import RewriteError
+
 from tofu_tf.rewrite.partition import Box
-
-COMBINE = {"sum": tf.math.add_n, "mean": tf.math.add_n}
-
 
 def reduce_region(em, t: str, box: Box, d: int, group: tuple[int, ...], reducer: str,
                   op: str) -> tf.Tensor:
-    same = all(em.parts.stored[t][e] == box for e in group)
-    axis = _chunk_axis(box, len(group)) if same else None
-    if axis is None:
-        return _sum_on(em, t, box, d, group, reducer, op)
+    produced = em.produced[t]
+    ring = all(em.parts.stored[t][e] == box and _contains(produced[e].box, box)
+               for e in group)
+    axis = _chunk_axis(box, len(group)) if ring and len(group) > 1 else None
+    if axis is not None:
+        return _all_reduce(em, t, box, d, group, reducer, op, axis)
+
+    def cell_value(cell: Box) -> tf.Tensor:
+        """The reduction of a cell, over the group of the nearest device producing it."""
+        holders = [e for e in range(em.n) if _contains(produced[e].box, cell)]
+        if not holders:
+            raise RewriteError(f"no device produced region {cell} of tensor '{t}'.",
+                               node=op, fix="the plan's choices do not cover the tensor.")
+        source = em._source(cell, d, produced)
+        return _sum_on(em, t, cell, d, em.parts.group(source, em.partial[t][0]), reducer, op)
+
+    return em.tile(t, box, d, [produced[e].box for e in range(em.n)], cell_value)
+
+
+def _all_reduce(em, t, box, d, group, reducer, op, axis) -> tf.Tensor:
+    """Reduce-scatter of `box` into chunks over the group, then all-gather on d."""
     chunks = _chunks(box, axis, len(group))
     pieces = []
     for owner, chunk in zip(group, chunks):
@@ -37,11 +53,14 @@ def reduce_region(em, t: str, box: Box, d: int, group: tuple[int, ...], reducer:
         if key not in em.stored:
             with em._device(owner):
                 em.stored[key] = _Chunk(_sum_on(em, t, chunk, owner, group, reducer, op))
-        value = em.stored[key].tensor
         em.ledger.add("reduce", t, op, owner, d, _bytes(em, t, chunk))
-        pieces.append(value)
+        pieces.append(em.stored[key].tensor)
     with em._device(d):
         return tf.concat(pieces, axis, name=em._name(t.replace(":", "_") + "/gather"))
+
+
+def _contains(outer: Box, inner: Box) -> bool:
+    return all(a <= c and e <= b for (a, b), (c, e) in zip(outer, inner))
 
 
 class _Chunk:

@@ -66,15 +66,17 @@ def cpu_devices(n: int) -> tuple[str, ...]:
 
 def emit(graph: Graph, graph_def: graph_pb2.GraphDef, entries: Mapping[str, OpEntry],
          plan: Plan, *, devices: Sequence[str] | None = None,
-         feeds: Sequence[str] = ()) -> Emitted:
-    """The partitioned GraphDef of `graph` (imported from `graph_def`) under `plan`."""
+         feeds: Sequence[str] = (), expose: Sequence[str] = ()) -> Emitted:
+    """The partitioned GraphDef of `graph` (imported from `graph_def`) under `plan`.
+    `expose`: more tensors to assemble whole on device 0, as `tofu_expose/<op>_<index>`
+    (for inspecting intermediate values)."""
     parts = partition(graph, entries, plan)
     devices = tuple(devices or cpu_devices(parts.num_devices))
     if len(devices) != parts.num_devices:
         raise RewriteError(f"{len(devices)} device names for a plan over "
                            f"{parts.num_devices} devices.",
                            fix="pass one device name per device of the plan.")
-    return _Emitter(graph, graph_def, entries, parts, devices, feeds).run()
+    return _Emitter(graph, graph_def, entries, parts, devices, feeds).run(expose)
 
 
 @dataclass
@@ -103,7 +105,7 @@ class _Emitter:
         self.variable_of = {v.handle: v for v in graph.variables.values()}
 
     # -- driver ----------------------------------------------------------------------------
-    def run(self) -> Emitted:
+    def run(self, expose: Sequence[str] = ()) -> Emitted:
         with self.out.as_default():
             for op in self.graph:
                 if op.name in self.parts.ops:
@@ -112,6 +114,8 @@ class _Emitter:
                     raise RewriteError("the op has no description to partition.",
                                        node=op.name, op_type=op.type)
             fetches = [self._emit_fetch(f) for f in self.graph.fetches]
+            for t in expose:
+                self._emit_fetch(t, "tofu_expose/" + t.replace(":", "_"))
         return Emitted(self.out.as_graph_def(add_shapes=True), self.parts, self.ledger,
                        self.shards, self.devices, tuple(fetches), self.feeds)
 
@@ -144,6 +148,8 @@ class _Emitter:
             return self._emit_feed(op, node, piece)
         if op.type == "VarHandleOp":
             return self._emit_handle(op, node, piece)
+        if op.type == "Const":
+            return self._emit_const(op, node, piece)
         if op.type == "ReadVariableOp" and not self._own_shard(op.inputs[0], piece, 0):
             value = self._resource_value(op.inputs[0], piece.inputs[0].data, d, op.name)
             self.produced.setdefault(op.outputs[0], [None] * self.n)[d] = _Value(
@@ -263,16 +269,8 @@ class _Emitter:
         with self._device(d):
             if own is not None and _contains(own.box, box):
                 return self._cut(own, box)
-            cuts = [sorted({a for a, _ in [box[k]]} | {b for _, b in [box[k]]}
-                           | {x for s in sources if s is not None
-                              for x in s.box[k] if box[k][0] < x < box[k][1]})
-                    for k in range(len(box))]
-            cells = [list(zip(c[:-1], c[1:])) for c in cuts]
-            return self._concat(t, box, d, sources, kind, op, cells, 0, [])
 
-    def _concat(self, t, box, d, sources, kind, op, cells, axis, prefix):
-        if axis == len(box):
-            cell = tuple(prefix)
+        def cell_value(cell: Box) -> tf.Tensor:
             src = self._source(cell, d, sources)
             if src is None:
                 raise RewriteError(f"no device holds region {cell} of tensor '{t}'.",
@@ -281,12 +279,26 @@ class _Emitter:
                 piece = self._cut(sources[src], cell)
             self.ledger.add(kind, t, op, src, d, _bytes(cell, self.graph.tensors[t].dtype))
             return piece
-        parts = [self._concat(t, box, d, sources, kind, op, cells, axis + 1, prefix + [c])
-                 for c in cells[axis]]
-        if len(parts) == 1:
-            return parts[0]
-        with self._device(d):
-            return tf.concat(parts, axis, name=self._name(t.replace(":", "_") + "/concat"))
+
+        return self.tile(t, box, d, [s.box for s in sources if s is not None], cell_value)
+
+    def tile(self, t: str, box: Box, d: int, boxes: Sequence[Box], cell_value) -> tf.Tensor:
+        """`box` on device d from cells: the grid that the edges of `boxes` cut it into;
+        `cell_value(cell)` gives each cell's tensor, concatenated here on device d."""
+        cuts = [sorted({lo, hi} | {x for b in boxes for x in b[k] if lo < x < hi})
+                for k, (lo, hi) in enumerate(box)]
+        cells = [list(zip(c[:-1], c[1:])) for c in cuts]
+
+        def build(axis: int, prefix: list) -> tf.Tensor:
+            if axis == len(box):
+                return cell_value(tuple(prefix))
+            parts = [build(axis + 1, prefix + [c]) for c in cells[axis]]
+            if len(parts) == 1:
+                return parts[0]
+            with self._device(d):
+                return tf.concat(parts, axis, name=self._name(t.replace(":", "_") + "/concat"))
+
+        return build(0, [])
 
     def _source(self, cell: Box, d: int, sources) -> int | None:
         """The device to read a cell from: d itself if it holds it, else the nearest
@@ -331,6 +343,19 @@ class _Emitter:
                                                 if piece.device else value, out.box)
         return None
 
+    def _emit_const(self, op, node, piece: DeviceOp):
+        """A constant holds the device's share of its value."""
+        box = piece.outputs[0].box
+        value = tf.make_ndarray(node.attr["value"].tensor)
+        if value.shape != self.graph.tensors[op.outputs[0]].shape:       # a splat constant
+            value = np.broadcast_to(value, self.graph.tensors[op.outputs[0]].shape)
+        local = np.array(value[tuple(slice(a, b) for a, b in box)])
+        created = tf.constant(local, dtype=tf.as_dtype(node.attr["dtype"].type),
+                              name=self._name(op.name))
+        self.produced.setdefault(op.outputs[0], [None] * self.n)[piece.device] = _Value(
+            created, box)
+        return created.op
+
     def _emit_handle(self, op, node, piece: DeviceOp):
         t = op.outputs[0]
         d = piece.device
@@ -363,7 +388,7 @@ class _Emitter:
         return self._assemble(t, box, d, sources, "fetch", op)
 
     # -- fetches ---------------------------------------------------------------------------
-    def _emit_fetch(self, fetch: str) -> str:
+    def _emit_fetch(self, fetch: str, rename: str | None = None) -> str:
         name, index = split_tensor_name(fetch) if ":" in fetch else (fetch, None)
         if index is None:
             with tf.control_dependencies(self.pieces.get(name, [])):
@@ -374,7 +399,7 @@ class _Emitter:
         sources = [self._stored(fetch, e, name) for e in range(self.n)]
         with self._device(0):
             value = self._assemble(fetch, full, 0, sources, "result", name)
-            out = tf.identity(value, name=name if index == 0 else f"{name}_{index}")
+            out = tf.identity(value, name=rename or (name if index == 0 else f"{name}_{index}"))
         return out.name
 
 
