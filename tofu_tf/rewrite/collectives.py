@@ -53,7 +53,7 @@ def _all_reduce(em, t, box, d, group, reducer, op, axis) -> tf.Tensor:
         if key not in em.stored:
             with em._device(owner):
                 em.stored[key] = _Chunk(_sum_on(em, t, chunk, owner, group, reducer, op))
-        em.ledger.add("reduce", t, op, owner, d, _bytes(em, t, chunk))
+        em.send("reduce", t, op, em.stored[key].tensor, owner, d, chunk)
         pieces.append(em.stored[key].tensor)
     with em._device(d):
         return tf.concat(pieces, axis, name=em._name(t.replace(":", "_") + "/gather"))
@@ -75,7 +75,7 @@ def _sum_on(em, t: str, box: Box, d: int, group, reducer: str, op: str) -> tf.Te
         value = em.produced[t][e]
         with em._device(e):
             terms.append(em._cut(value, box))
-        em.ledger.add("reduce", t, op, e, d, _bytes(em, t, box))
+        em.send("reduce", t, op, terms[-1], e, d, box)
     with em._device(d):
         if len(terms) == 1:
             return terms[0]
@@ -105,8 +105,3 @@ def _chunks(box: Box, axis: int, parts: int) -> list[Box]:
         lo, hi = part_range(b - a, parts, p)
         out.append(tuple((a + lo, a + hi + 1) if k == axis else r for k, r in enumerate(box)))
     return out
-
-
-def _bytes(em, t: str, box: Box) -> int:
-    from tofu_tf.rewrite.emit import _bytes as box_bytes
-    return box_bytes(box, em.graph.tensors[t].dtype)

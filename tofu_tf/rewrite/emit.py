@@ -103,6 +103,7 @@ class _Emitter:
         self.shards: dict[str, tuple[Shard, ...]] = {}
         self.names = itertools.count()
         self.variable_of = {v.handle: v for v in graph.variables.values()}
+        self.sent: set[tuple[str, int]] = set()          # (tensor in the graph, device)
 
     # -- driver ----------------------------------------------------------------------------
     def run(self, expose: Sequence[str] = ()) -> Emitted:
@@ -150,6 +151,13 @@ class _Emitter:
             return self._emit_handle(op, node, piece)
         if op.type == "Const":
             return self._emit_const(op, node, piece)
+        if piece.outputs and not any(_nonempty(out.box) for out in piece.outputs):
+            for o, t in enumerate(op.outputs):        # an empty part computes nothing
+                box = piece.outputs[o].box
+                self.produced.setdefault(t, [None] * self.n)[d] = _Value(
+                    tf.zeros([b - a for a, b in box], self.graph.tensors[t].dtype,
+                             name=self._name(op.name + "/empty")), box)
+            return None
         if op.type == "ReadVariableOp" and not self._own_shard(op.inputs[0], piece, 0):
             value = self._resource_value(op.inputs[0], piece.inputs[0].data, d, op.name)
             self.produced.setdefault(op.outputs[0], [None] * self.n)[d] = _Value(
@@ -277,14 +285,26 @@ class _Emitter:
                                    node=op, fix="the plan's states do not cover the tensor.")
             with self._device(src):
                 piece = self._cut(sources[src], cell)
-            self.ledger.add(kind, t, op, src, d, _bytes(cell, self.graph.tensors[t].dtype))
+            self.send(kind, t, op, piece, src, d, cell)
             return piece
 
         return self.tile(t, box, d, [s.box for s in sources if s is not None], cell_value)
 
+    def send(self, kind: str, t: str, op: str, piece: tf.Tensor, src: int, dst: int,
+             box: Box) -> None:
+        """Record `piece` (of t, region `box`) going from src to dst."""
+        shared = (piece.name, dst) in self.sent
+        self.sent.add((piece.name, dst))
+        self.ledger.add(kind, t, op, src, dst, _bytes(box, self.graph.tensors[t].dtype),
+                        shared)
+
     def tile(self, t: str, box: Box, d: int, boxes: Sequence[Box], cell_value) -> tf.Tensor:
         """`box` on device d from cells: the grid that the edges of `boxes` cut it into;
         `cell_value(cell)` gives each cell's tensor, concatenated here on device d."""
+        if not _nonempty(box):
+            with self._device(d):
+                return tf.zeros([b - a for a, b in box], self.graph.tensors[t].dtype,
+                                name=self._name("empty"))
         cuts = [sorted({lo, hi} | {x for b in boxes for x in b[k] if lo < x < hi})
                 for k, (lo, hi) in enumerate(box)]
         cells = [list(zip(c[:-1], c[1:])) for c in cuts]
@@ -336,9 +356,9 @@ class _Emitter:
             self._whole_feed = _Value(whole.outputs[0],
                                       tuple((0, n) for n in self.graph.tensors[t].shape))
         out = piece.outputs[0]
-        value = self._cut(self._whole_feed, out.box)
-        self.ledger.add("feed", t, op.name, 0, piece.device,
-                        _bytes(out.box, self.graph.tensors[t].dtype))
+        with self._device(0):
+            value = self._cut(self._whole_feed, out.box)
+        self.send("feed", t, op.name, value, 0, piece.device, out.box)
         self.produced[t][piece.device] = _Value(tf.identity(value, name=self._name(op.name))
                                                 if piece.device else value, out.box)
         return None
@@ -391,7 +411,7 @@ class _Emitter:
     def _emit_fetch(self, fetch: str, rename: str | None = None) -> str:
         name, index = split_tensor_name(fetch) if ":" in fetch else (fetch, None)
         if index is None:
-            with tf.control_dependencies(self.pieces.get(name, [])):
+            with self._device(0), tf.control_dependencies(self.pieces.get(name, [])):
                 tf.raw_ops.NoOp(name=name)
             return name
         spec = self.graph.tensors[fetch]

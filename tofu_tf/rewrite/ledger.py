@@ -9,6 +9,10 @@ Kinds:
 - result:  a fetched tensor is assembled on the first device.
 Feed and result transfers are outside the step the plan prices (`step_bytes` leaves them
 out).
+
+Each op's read is priced on its own, as the plan prices it. When a device already received
+the same piece for an earlier read, TensorFlow sends it once: the later entry is `shared`
+and moves nothing (`moved_bytes` counts what really crosses devices).
 """
 
 from __future__ import annotations
@@ -27,18 +31,25 @@ class Transfer:
     src: int
     dst: int
     bytes: int
+    shared: bool = False       # served by an earlier identical transfer: moves nothing
 
 
 @dataclass
 class Ledger:
     transfers: list[Transfer] = field(default_factory=list)
 
-    def add(self, kind: str, tensor: str, op: str, src: int, dst: int, num_bytes: int) -> None:
+    def add(self, kind: str, tensor: str, op: str, src: int, dst: int, num_bytes: int,
+            shared: bool = False) -> None:
         if src != dst and num_bytes > 0:
-            self.transfers.append(Transfer(kind, tensor, op, src, dst, int(num_bytes)))
+            self.transfers.append(Transfer(kind, tensor, op, src, dst, int(num_bytes), shared))
 
     def total(self, kinds=None) -> int:
         return sum(t.bytes for t in self.transfers if kinds is None or t.kind in kinds)
+
+    @property
+    def moved_bytes(self) -> int:
+        """Bytes that really cross devices (shared entries move nothing)."""
+        return sum(t.bytes for t in self.transfers if not t.shared)
 
     @property
     def step_bytes(self) -> int:

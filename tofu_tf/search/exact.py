@@ -59,8 +59,8 @@ from tofu_tf.search import dp
 from tofu_tf.search.coarsen import CoarseGraph, coarsen
 from tofu_tf.search.level import LevelModel, LevelResult, result_of
 from tofu_tf.search.problem import (Choice, Problem, ProblemOp, TensorSpec, clamp_box,
-                                    cost_vectors, make_choice, may_replicate, output_spec,
-                                    sub_problem)
+                                    cost_vectors, fetch_extra, make_choice, may_replicate,
+                                    output_spec, sub_problem)
 from tofu_tf.search.recursive import SearchResult, level_models, search
 from tofu_tf.search.topology import Topology
 
@@ -449,9 +449,15 @@ def clamp_boxed(choice: Choice, op: ProblemOp, problem: Problem) -> Choice:
     def clamp(boxes, shape):
         return None if boxes is None else tuple(clamp_box(box, shape, (0,) * len(shape))
                                                 for box in boxes)
+
+    def extra(i: int, boxes) -> int:
+        window = op.windows[i] if i < len(op.windows) else None
+        return 0 if boxes is None else fetch_extra(boxes, window,
+                                                   problem.tensors[op.inputs[i]].shape)
     return dataclasses.replace(
         choice, input_boxes=tuple(clamp(b, problem.tensors[t].shape)
                                   for b, t in zip(choice.input_boxes, op.inputs)),
+        input_extra=tuple(extra(i, b) for i, b in enumerate(choice.input_boxes)),
         output_boxes=tuple(clamp(b, output_spec(problem, op, o).shape)
                            for o, b in enumerate(choice.output_boxes)))
 

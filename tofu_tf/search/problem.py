@@ -56,6 +56,9 @@ class ProblemOp:
     # group then reduces its whole local output (not only the part it keeps) before the
     # outer reduction, so this level's conversion covers that whole extent.
     reduce_domains: tuple[tuple[int, ...] | None, ...] = ()
+    # Per input: the box (tensor coords) of the local input that holds data, including
+    # what an outer level delivered from outside the stored part (None: the whole tensor).
+    windows: tuple[Box | None, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,9 @@ class Choice:
     input_boxes: tuple[tuple[Box, ...] | None, ...]  # per input, k boxes (tensor coords)
     produced: tuple[OutputState, ...]                # per output
     output_boxes: tuple[tuple[Box, ...], ...]        # per output, k boxes (tensor coords)
+    # Per input: elements the parts read of what an outer level delivered, beyond the one
+    # copy that level already counted (see `_finish`); 0 at the first level.
+    input_extra: tuple[int, ...] = ()
 
 
 @dataclass
@@ -114,11 +120,14 @@ class Problem:
         return kind
 
 
-def clamp_box(box: Box, shape: tuple[int, ...], delta: tuple[int, ...]) -> Box:
-    """`box` shifted by `delta` and clamped to [0, n) per dim (never inverted)."""
+def clamp_box(box: Box, shape: tuple[int, ...], delta: tuple[int, ...],
+              clamp_to: Box | None = None) -> Box:
+    """`box` shifted by `delta` and clamped to [0, n) per dim — or to `clamp_to` — never
+    inverted."""
+    limits = clamp_to or tuple((0, n) for n in shape)
     out = []
-    for (a, b), n, d in zip(box, shape, delta):
-        a, b = min(max(a + d, 0), n), min(max(b + d, 0), n)
+    for (a, b), (lo, hi), d in zip(box, limits, delta):
+        a, b = min(max(a + d, lo), hi), min(max(b + d, lo), hi)
         out.append((a, max(a, b)))
     return tuple(out)
 
@@ -156,14 +165,18 @@ def _parts(problem: Problem, op: ProblemOp, strategy: Strategy | None) -> list[L
 
 def make_choice(problem: Problem, op: ProblemOp, strategy: Strategy | None) -> Choice:
     locals_ = _parts(problem, op, strategy)
-    input_boxes = []
+    input_boxes, extra = [], []
     for i, tensor in enumerate(op.inputs):
         if locals_[0].input_slices[i] is None or tensor not in problem.tensors:
             input_boxes.append(None)
+            extra.append(0)
             continue
-        spec = problem.tensors[tensor]
-        input_boxes.append(tuple(clamp_box(_local_input_box(local, i), spec.shape,
-                                         op.input_offsets[i]) for local in locals_))
+        shape = problem.tensors[tensor].shape
+        window = op.windows[i] if i < len(op.windows) else None
+        needs = [clamp_box(_local_input_box(local, i), shape, op.input_offsets[i],
+                           clamp_to=window or _whole(shape)) for local in locals_]
+        input_boxes.append(tuple(_clip(box, shape) for box in needs))
+        extra.append(fetch_extra(needs, window, shape))
     produced, output_boxes = [], []
     for o, tensor in enumerate(op.outputs):
         state = strategy.outputs[o] if strategy is not None else REPLICATED
@@ -173,7 +186,34 @@ def make_choice(problem: Problem, op: ProblemOp, strategy: Strategy | None) -> C
         output_boxes.append(tuple(clamp_box(local.output_slices[o], shape, zero)
                                   for local in locals_))
     label = REPLICATE if strategy is None else f"{strategy.kind[0]}:{strategy.var}"
-    return Choice(label, strategy, tuple(input_boxes), tuple(produced), tuple(output_boxes))
+    return Choice(label, strategy, tuple(input_boxes), tuple(produced), tuple(output_boxes),
+                  tuple(extra))
+
+
+def fetch_extra(needs, window: Box | None, shape) -> int:
+    """Elements the parts read from outside the stored part (`needs` clamped to the
+    window only) beyond the one copy of the window's outside an outer level delivered."""
+    if window is None:
+        return 0
+    return (sum(_volume(b) - _volume(_clip(b, shape)) for b in needs)
+            - (_volume(window) - _volume(_clip(window, shape))))
+
+
+def _whole(shape) -> Box:
+    return tuple((0, n) for n in shape)
+
+
+def _clip(box: Box, shape) -> Box:
+    """`box` within [0, n) per dim (never inverted)."""
+    out = []
+    for (a, b), n in zip(box, shape):
+        a = min(max(a, 0), n)
+        out.append((a, max(a, min(b, n))))
+    return tuple(out)
+
+
+def _volume(box: Box) -> int:
+    return int(np.prod([b - a for a, b in box], dtype=np.int64))
 
 
 def output_spec(problem: Problem, op: ProblemOp, index: int) -> TensorSpec:
@@ -197,7 +237,7 @@ def _geometry(problem: Problem, op: ProblemOp) -> int | None:
     if op.key is None:
         return None
     kinds, kind = problem._kinds, problem.kind
-    value = (problem.k, op.key, op.input_offsets, op.reduce_domains,
+    value = (problem.k, op.key, op.input_offsets, op.reduce_domains, op.windows,
              tuple(kinds[t] if t in kinds else kind(t) for t in op.inputs),
              tuple(kinds[t] if t in kinds else kind(t) for t in op.outputs))
     ids = problem.cache.geometries
@@ -324,7 +364,9 @@ def _pending_entries(problem, op, choice, batch, rank) -> list[tuple]:
     for i, boxes in enumerate(choice.input_boxes):
         if boxes is not None:
             spec = problem.tensors[op.inputs[i]]
-            entries.append(("fetch", ("in", i), spec, batch.add(boxes, spec.shape, rank), None))
+            extra = choice.input_extra[i] if i < len(choice.input_extra) else 0
+            entries.append(("fetch", ("in", i), spec, batch.add(boxes, spec.shape, rank),
+                            extra))
     for o, state in enumerate(choice.produced):
         spec = output_spec(problem, op, o)
         domain = _domain(choice.output_boxes[o], spec.shape)
@@ -333,9 +375,11 @@ def _pending_entries(problem, op, choice, batch, rank) -> list[tuple]:
             entries.append(("partial", ("out", o), spec, dom_index, None))
         elif state.kind == "split":
             entries.append(("convert", ("out", o), spec, dom_index,
-                            batch.add(choice.output_boxes[o], spec.shape, rank)))
+                            (batch.add(choice.output_boxes[o], spec.shape, rank),
+                             _volume(_whole(spec.shape)) - _volume(domain))))
         else:
-            entries.append(("replicated", ("out", o), spec, dom_index, None))
+            entries.append(("replicated", ("out", o), spec, dom_index,
+                            (None, _volume(_whole(spec.shape)) - _volume(domain))))
     return entries
 
 
@@ -348,21 +392,28 @@ def _domain(boxes: tuple[Box, ...], shape: tuple[int, ...]) -> Box:
 
 
 def _finish(problem, entry, volumes, rank) -> tuple[tuple[str, int], np.ndarray]:
+    """Bytes per stored state. Elements an outer level delivered (outside the stored part)
+    are counted there once per group; every further copy an inner device needs is counted
+    here, so the levels add up to the bytes each device really receives:
+    fetch  += extra copies of delivered input elements (the same for every state);
+    convert, replicated state += (k - 1) x the stored elements produced outside the group."""
     kind, position, spec, first, second = entry
     cols = _state_columns(problem, spec, rank)
     if kind == "fetch":
         vols = volumes[first][cols]
-        return position, spec.itemsize * (volumes[first][rank] - vols)
+        return position, spec.itemsize * (volumes[first][rank] - vols + second)
     held = volumes[first][cols]                  # sum_p |H_p(X) ∩ domain|
-    if kind == "replicated":
-        return position, np.zeros(len(cols), dtype=np.int64)
     if kind == "partial":
         size = volumes[first][rank] // problem.k  # |domain|
         factors = np.array([ALL_REDUCE_FACTOR if c == rank else REDUCE_SCATTER_FACTOR
                             for c in cols])
         return position, spec.itemsize * (problem.k - 1) * size * factors
-    produced = volumes[second][cols]
-    return position, spec.itemsize * (held - produced)
+    produced_index, outside = second
+    copies = np.array([(problem.k - 1) * outside if c == rank else 0 for c in cols])
+    if kind == "replicated":                     # every part produced the whole domain
+        return position, spec.itemsize * copies
+    produced = volumes[produced_index][cols]
+    return position, spec.itemsize * (held - produced + copies)
 
 
 # -- building problems ---------------------------------------------------------------------
@@ -423,13 +474,33 @@ def _local_problem_op(problem: Problem, op: ProblemOp, label: str, tensors,
             sem, strategies, shifts, sig = built
             return ProblemOp(op.name, sem, strategies, op.inputs, op.outputs,
                              _shifted(op.input_offsets, shifts), sig,
-                             _reduce_domains(problem, op, label, sem))
+                             _reduce_domains(problem, op, label, sem),
+                             _windows(problem, op, label))
         built = (*built, _reduce_domains(problem, op, label, built[0]))
         local_memo[key] = built
     # Ops of one signature share the local semantics (its op_name is the first one's).
     sem, strategies, shifts, sig, domains = local_memo[key]
     return ProblemOp(op.name, sem, strategies, op.inputs, op.outputs,
-                     _shifted(op.input_offsets, shifts), sig, domains)
+                     _shifted(op.input_offsets, shifts), sig, domains,
+                     _windows(problem, op, label))
+
+
+def _windows(problem: Problem, op: ProblemOp, label: str) -> tuple[Box | None, ...]:
+    """Per input: part 0's data region of its local input, in tensor coords (the next
+    level's part-0 coords are the same)."""
+    choice = next(c for c in problem.choices[op.name] if c.label == label)
+    windows = []
+    for i, tensor in enumerate(op.inputs):
+        boxes = choice.input_boxes[i]
+        if boxes is None:
+            windows.append(None)
+            continue
+        local = _parts(problem, op, choice.strategy)[0]
+        window = op.windows[i] if i < len(op.windows) and op.windows[i] is not None \
+            else _whole(problem.tensors[tensor].shape)
+        windows.append(clamp_box(local.input_slices[i], (), op.input_offsets[i],
+                                 clamp_to=window))
+    return tuple(windows)
 
 
 def _reduce_domains(problem: Problem, op: ProblemOp, label: str, sem: Semantics):

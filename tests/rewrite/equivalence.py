@@ -1,0 +1,51 @@
+"""Partitioned against unpartitioned: the same steps from the same values."""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from tofu_tf.api import optimize
+from tofu_tf.models import build
+from tofu_tf.runtime import Runner, session_config
+
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def reference(step, batches):
+    """(initial values, losses, final values) of the unpartitioned graph on one device."""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.import_graph_def(step.graph_def, name="")
+        handles = [op for op in graph.get_operations() if op.type == "VarHandleOp"]
+        reads = {op.name: tf.raw_ops.ReadVariableOp(resource=op.outputs[0],
+                                                    dtype=op.get_attr("dtype"))
+                 for op in handles}
+    with tf.compat.v1.Session(graph=graph, config=session_config(1)) as session:
+        session.run(step.init_op)
+        initial = session.run(reads)
+        losses = [session.run(step.fetches, dict(zip(step.feeds, batch)))[0]
+                  for batch in batches]
+        final = session.run(reads)
+    return initial, losses, final
+
+
+def partitioned(step, batches, initial, **kwargs):
+    optimized = optimize(step.graph_def, step.fetches, feeds=list(step.feeds), **kwargs)
+    with Runner(optimized, initial) as runner:
+        losses = [runner.run(dict(zip(step.feeds, batch)))[0] for batch in batches]
+        final = runner.values()
+    return optimized, losses, final
+
+
+def compare(model: str, optimizer: str, steps: int = 3, batch_size: int = 8, **kwargs):
+    """Build, run both, assert equal within (RTOL, ATOL); returns the optimized graph."""
+    step = build(model, optimizer=optimizer, graph_only=True, batch_size=batch_size)
+    batches = [step.sample_batch(seed) for seed in range(steps)]
+    initial, want_losses, want = reference(step, batches)
+    optimized, losses, got = partitioned(step, batches, initial, **kwargs)
+    np.testing.assert_allclose(losses, want_losses, rtol=RTOL, atol=ATOL)
+    bad = {name: float(np.max(np.abs(got[name] - want[name]))) for name in want
+           if not np.allclose(got[name], want[name], rtol=RTOL, atol=ATOL)}
+    assert not bad, f"variables differ (max abs error): {bad}"
+    return optimized

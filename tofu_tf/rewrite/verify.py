@@ -1,0 +1,118 @@
+"""Checks on an emitted GraphDef, independent of how the emitter built it.
+
+- every data and control input names a node of the graph;
+- every node is placed on one of the plan's devices;
+- every variable shard has the shape of the box the plan stores on its device, and the
+  shards of a variable tile it (each element stored on at least one device);
+- every fetch exists;
+- every V2 collective instance has exactly group_size members on distinct devices;
+- the bytes crossing devices, read off the graph's edges and shapes, equal the ledger's.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import graph_pb2
+
+from tofu_tf.errors import RewriteError
+from tofu_tf.graph import DTYPE_SIZES, Graph
+
+COLLECTIVES = ("CollectiveReduceV2", "CollectiveGatherV2", "CollectiveAllToAllV2")
+
+
+def verify(emitted, graph: Graph) -> None:
+    gd = emitted.graph_def
+    nodes = {node.name: node for node in gd.node}
+    devices = set(emitted.devices)
+    for node in gd.node:
+        for name in node.input:
+            source = name.lstrip("^").split(":")[0]
+            if source not in nodes:
+                raise RewriteError(f"input '{name}' names no node.", node=node.name,
+                                   op_type=node.op)
+        if node.device not in devices:
+            raise RewriteError(f"placed on '{node.device}', not one of the plan's devices.",
+                               node=node.name, op_type=node.op)
+    _check_shards(emitted, graph, nodes)
+    for fetch in emitted.fetches:
+        if fetch.split(":")[0] not in nodes:
+            raise RewriteError("a fetch is missing from the emitted graph.", node=fetch)
+    _check_collectives(gd)
+    edges = cross_device_bytes(gd)
+    if edges != emitted.ledger.moved_bytes:
+        raise RewriteError(f"the graph moves {edges} bytes across devices, the ledger "
+                           f"records {emitted.ledger.moved_bytes}.",
+                           fix="every cross-device edge must be recorded once.")
+
+
+def _check_shards(emitted, graph: Graph, nodes) -> None:
+    for name, shards in emitted.shards.items():
+        variable = graph.variables[name]
+        covered = np.zeros(variable.shape, dtype=bool)
+        for shard in shards:
+            node = nodes[shard.handle]
+            shape = tuple(d.size for d in node.attr["shape"].shape.dim)
+            want = tuple(b - a for a, b in shard.box)
+            if shape != want:
+                raise RewriteError(f"shard shape {shape} != the plan's box {shard.box}.",
+                                   node=shard.handle, op_type=node.op)
+            if node.device != emitted.devices[shard.device]:
+                raise RewriteError("a shard is not on its device.", node=shard.handle)
+            covered[tuple(slice(a, b) for a, b in shard.box)] = True
+        if not covered.all():
+            raise RewriteError("the shards do not cover the variable.", node=name,
+                               fix="every element must be stored on some device.")
+
+
+def _check_collectives(gd: graph_pb2.GraphDef) -> None:
+    members: dict[int, list] = defaultdict(list)
+    sizes: dict[int, set] = defaultdict(set)
+    nodes = {node.name: node for node in gd.node}
+    for node in gd.node:
+        if node.op in COLLECTIVES:
+            # inputs: (input, group_size, group_key, instance_key, ...)
+            key = nodes[node.input[3].split(":")[0]].attr["value"].tensor.int_val[0]
+            size_node = nodes[node.input[1].split(":")[0]]
+            members[key].append(node)
+            sizes[key].add(size_node.attr["value"].tensor.int_val[0])
+    for key, group in members.items():
+        size = sizes[key].pop()
+        if len(group) != size or len({n.device for n in group}) != size:
+            raise RewriteError(f"collective instance {key} has {len(group)} members on "
+                               f"{len({n.device for n in group})} devices, group size {size}.",
+                               node=group[0].name, op_type=group[0].op)
+
+
+def cross_device_bytes(gd: graph_pb2.GraphDef) -> int:
+    """Bytes of every (tensor, destination device) pair whose producer is elsewhere —
+    what TensorFlow's Send/Recv move, once per tensor and receiving device."""
+    nodes = {node.name: node for node in gd.node}
+    seen = set()
+    total = 0
+    for node in gd.node:
+        for name in node.input:
+            if name.startswith("^"):
+                continue
+            source, _, index = name.partition(":")
+            producer = nodes[source]
+            if producer.device == node.device or (name, node.device) in seen:
+                continue
+            seen.add((name, node.device))
+            total += _tensor_bytes(producer, int(index or 0))
+    return total
+
+
+def _tensor_bytes(node, index: int) -> int:
+    shape = node.attr["_output_shapes"].list.shape[index]
+    dtype = _output_dtype(node, index)
+    return int(np.prod([d.size for d in shape.dim], dtype=np.int64)) * DTYPE_SIZES.get(dtype, 4)
+
+
+def _output_dtype(node, index: int) -> str:
+    for key in ("T", "dtype", "out_type", "DstT"):
+        if key in node.attr and node.attr[key].type:
+            return tf.as_dtype(node.attr[key].type).name
+    return "float32"

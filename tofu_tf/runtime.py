@@ -1,0 +1,96 @@
+"""Running an optimized graph in a v1 Session: shard variables from unpartitioned values,
+run steps, read the variables back whole.
+
+    runner = Runner(optimized, values)        # values: variable name -> np.ndarray
+    loss = runner.run({"x:0": x, "y:0": y})[0]
+    runner.values()                           # variable name -> np.ndarray, unpartitioned
+
+TensorFlow's runtime optimizer is off in the session (it would re-optimise each device's
+partition and could change low bits); the session has one logical CPU per device unless
+`config` is given.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.protobuf import config_pb2
+
+from tofu_tf.errors import RewriteError
+
+
+def session_config(num_cpus: int) -> config_pb2.ConfigProto:
+    config = config_pb2.ConfigProto(device_count={"CPU": num_cpus})
+    config.graph_options.rewrite_options.disable_meta_optimizer = True
+    return config
+
+
+def box_slices(box) -> tuple[slice, ...]:
+    return tuple(slice(a, b) for a, b in box)
+
+
+class Runner:
+    def __init__(self, optimized, values: Mapping[str, np.ndarray], *,
+                 config: config_pb2.ConfigProto | None = None, target: str = ""):
+        missing = sorted(set(optimized.shards) - set(values))
+        if missing:
+            raise RewriteError(f"no initial value for the variables {missing[:5]}.",
+                               fix="pass a value for every variable of the graph.")
+        self.optimized = optimized
+        self.graph = tf.Graph()
+        self._assigns, self._placeholders, self._reads = [], {}, {}
+        with self.graph.as_default():
+            tf.compat.v1.import_graph_def(optimized.graph_def, name="")
+            for name, shards in optimized.shards.items():
+                dtype = tf.as_dtype(np.asarray(values[name]).dtype)
+                for shard in shards:
+                    handle = self.graph.get_tensor_by_name(shard.handle + ":0")
+                    with tf.device(optimized.devices[shard.device]):
+                        shape = [b - a for a, b in shard.box]
+                        placeholder = tf.compat.v1.placeholder(dtype, shape)
+                        self._assigns.append(tf.raw_ops.AssignVariableOp(
+                            resource=handle, value=placeholder))
+                        self._reads.setdefault(name, []).append(
+                            (shard.box, tf.raw_ops.ReadVariableOp(resource=handle,
+                                                                  dtype=dtype)))
+                    self._placeholders[(name, shard.device)] = placeholder
+        self.session = tf.compat.v1.Session(
+            target, graph=self.graph,
+            config=config or session_config(optimized.num_devices))
+        self.load(values)
+
+    def load(self, values: Mapping[str, np.ndarray]) -> None:
+        """Every shard from the unpartitioned values."""
+        feeds = {}
+        for name, shards in self.optimized.shards.items():
+            value = np.asarray(values[name])
+            for shard in shards:
+                feeds[self._placeholders[(name, shard.device)]] = value[box_slices(shard.box)]
+        self.session.run(self._assigns, feeds)
+
+    def run(self, feeds: Mapping[str, np.ndarray], fetches=None):
+        return self.session.run(list(fetches or self.optimized.fetches), dict(feeds))
+
+    def values(self) -> dict[str, np.ndarray]:
+        """Every variable, assembled whole from its shards."""
+        got = self.session.run({name: [read for _, read in reads]
+                                for name, reads in self._reads.items()})
+        out = {}
+        for name, reads in self._reads.items():
+            variable = self.optimized.graph.variables[name]
+            whole = np.zeros(variable.shape, dtype=got[name][0].dtype)
+            for (box, _), value in zip(reads, got[name]):
+                whole[box_slices(box)] = value
+            out[name] = whole
+        return out
+
+    def close(self) -> None:
+        self.session.close()
+
+    def __enter__(self) -> "Runner":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
