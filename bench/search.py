@@ -38,6 +38,7 @@ flags.DEFINE_string("e2e_child", "", "internal: measure one end-to-end run and p
 flags.DEFINE_string("devices", "2,4,6,8", "comma-separated device counts")
 flags.DEFINE_integer("repeats", 3, "search repetitions (the median is reported)")
 flags.DEFINE_bool("baselines", True, "also evaluate the baselines")
+flags.DEFINE_bool("fresh", False, "start from empty results instead of merging")
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -239,7 +240,7 @@ def main(argv) -> int:
         return 0
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / "search.json"
-    stored = json.loads(path.read_text()) if path.exists() else {}
+    stored = json.loads(path.read_text()) if path.exists() and not FLAGS.fresh else {}
     stored.setdefault("results", {})
     sections = set(FLAGS.sections.split(","))
     if "configs" in sections:
@@ -252,6 +253,7 @@ def main(argv) -> int:
                 stored["results"][f"{name}@{devices}"] = row
                 print(f"{name} @ {devices}: search {row['search_seconds']:.2f} s, "
                       f"plan {row['plan_bytes'] / 2**30:.3f} GiB", flush=True)
+                write(stored)                  # keep what is done if the run is cut short
             del graph
         stored["depth_doubling"] = depth_doubling(stored["results"])
     if "end_to_end" in sections:
@@ -260,13 +262,17 @@ def main(argv) -> int:
         stored["backends"] = backends(FLAGS.repeats)
     if "gap" in sections:
         stored["gap"] = gap()
+    print(write(stored))
+    return 0
+
+
+def write(stored: dict) -> str:
     stored["machine"] = machine()
     stored["command"] = " ".join(sys.argv)
-    path.write_text(json.dumps(stored, indent=1, sort_keys=True))
+    (RESULTS / "search.json").write_text(json.dumps(stored, indent=1, sort_keys=True))
     markdown = table(stored)
     (RESULTS / "search.md").write_text(markdown + "\n")
-    print(markdown)
-    return 0
+    return markdown
 
 
 if __name__ == "__main__":

@@ -1,18 +1,21 @@
-"""Combining partial results and gathering regions across devices.
+"""Combining partial results across devices, level by level, as the plan prices it.
 
-`reduce_region` gives one device the reduction, over its group, of the partial results
-the group's devices produced, restricted to the box that device stores:
+An output produced Partial at a set of levels Λ is summed over each reduction group (the
+devices that differ only at levels of Λ; they produced the same region D). Every device d
+has a target box T_d: D cut, outermost level first, at each level of Λ by the tensor's
+state there — Split(dim): the stored part; Replicated: a chunk on the largest dim (the
+whole for one chunk when nothing can be chunked, as a tree does).
 
-- every member stores the same box (the result is replicated in the group) and it has a
-  dim of at least the group's size: reduce-scatter then all-gather, as a ring all-reduce
-  moves the data — member j sums chunk j from every member, then each member gathers the
-  chunks — 2 (g-1)/g of the box per member;
-- otherwise (the result is stored split): each member sums its own box from every member,
-  a reduce-scatter, (g-1)/g of the whole per member.
+1. reduce-scatter, innermost level of Λ first: the k members that differ only at that level
+   each keep the pieces destined to their own side and receive the others' copies of them:
+   (k - 1) |R| bytes per member set, R the region the set is responsible for;
+2. all-gather, outermost level first, at the levels whose state is Replicated: members
+   exchange their pieces, (k - 1) |R| again.
 
-On logical CPU devices the pieces travel as plain cross-device edges (TensorFlow's
-Send/Recv), which keeps the byte count exact and the summation order fixed (group order),
-so every member holds bit-identical values.
+Per level this is the plan's (k - 1) |domain| x (2 replicated | 1 split): a ring all-reduce
+or reduce-scatter along the hierarchy, the outer links carrying each element once. On
+logical CPU devices the pieces travel as plain cross-device edges (TensorFlow's Send/Recv);
+sums run in a fixed member order, so replicas hold bit-identical values.
 """
 
 from __future__ import annotations
@@ -20,88 +23,90 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tofu_tf.errors import RewriteError
-
-from tofu_tf.rewrite.partition import Box
-
-def reduce_region(em, t: str, box: Box, d: int, group: tuple[int, ...], reducer: str,
-                  op: str) -> tf.Tensor:
-    produced = em.produced[t]
-    ring = all(em.parts.stored[t][e] == box and _contains(produced[e].box, box)
-               for e in group)
-    axis = _chunk_axis(box, len(group)) if ring and len(group) > 1 else None
-    if axis is not None:
-        return _all_reduce(em, t, box, d, group, reducer, op, axis)
-
-    def cell_value(cell: Box) -> tf.Tensor:
-        """The reduction of a cell, over the group of the nearest device producing it."""
-        holders = [e for e in range(em.n) if _contains(produced[e].box, cell)]
-        if not holders:
-            raise RewriteError(f"no device produced region {cell} of tensor '{t}'.",
-                               node=op, fix="the plan's choices do not cover the tensor.")
-        source = em._source(cell, d, produced)
-        return _sum_on(em, t, cell, d, em.parts.group(source, em.partial[t][0]), reducer, op)
-
-    return em.tile(t, box, d, [produced[e].box for e in range(em.n)], cell_value)
+from tofu_tf.op_semantics.analysis import part_range
+from tofu_tf.rewrite.partition import Box, parse_state
 
 
-def _all_reduce(em, t, box, d, group, reducer, op, axis) -> tf.Tensor:
-    """Reduce-scatter of `box` into chunks over the group, then all-gather on d."""
-    chunks = _chunks(box, axis, len(group))
-    pieces = []
-    for owner, chunk in zip(group, chunks):
-        key = ("chunk", t, chunk, owner)
-        if key not in em.stored:
-            with em._device(owner):
-                em.stored[key] = _Chunk(_sum_on(em, t, chunk, owner, group, reducer, op))
-        em.send("reduce", t, op, em.stored[key].tensor, owner, d, chunk)
-        pieces.append(em.stored[key].tensor)
-    with em._device(d):
-        return tf.concat(pieces, axis, name=em._name(t.replace(":", "_") + "/gather"))
+def reduce_all(em, t: str, op: str) -> dict[int, dict[Box, tf.Tensor]]:
+    """Per device: {target box: reduced tensor} that the device holds after reducing."""
+    levels, reducer = em.partial[t]
+    levels = tuple(sorted(levels))
+    states = [parse_state(s) for s in em.plan_states(t)]
+    held: dict[int, dict[Box, tf.Tensor]] = {}
+    targets: dict[int, Box | None] = {}
+    for d in range(em.n):
+        produced = em.produced[t][d].box
+        targets[d] = _target(produced, levels, states, em.parts.coordinates(d), em.parts.ways)
+    # Every device starts with its (scaled) partial result of D, cut into the targets
+    # of its group: pieces are keyed by the target's owner.
+    pieces: dict[int, dict[int, tf.Tensor]] = {}
+    for d in range(em.n):
+        group = em.parts.group(d, levels)
+        with em._device(d):
+            pieces[d] = {e: em._cut(em.produced[t][d], targets[e]) for e in group
+                         if targets[e] is not None}
+    for level in reversed(levels):                         # reduce-scatter, inner first
+        new: dict[int, dict[int, tf.Tensor]] = {}
+        for d in range(em.n):
+            members = em.parts.group(d, (level,))
+            mine = {e for e in pieces[d] if em.parts.coordinates(e)[level]
+                    == em.parts.coordinates(d)[level]}
+            new[d] = {}
+            for e in sorted(mine):
+                terms = []
+                for m in members:
+                    terms.append(pieces[m][e])
+                    em.send("reduce", t, op, pieces[m][e], m, d, targets[e])
+                with em._device(d):
+                    new[d][e] = _combine(em, t, terms, reducer)
+        pieces = new
+    for level in levels:                                   # all-gather where replicated
+        if states[level].kind != "replicated":
+            continue
+        new = {d: dict(p) for d, p in pieces.items()}
+        for d in range(em.n):
+            for m in em.parts.group(d, (level,)):
+                for e, tensor in pieces[m].items():
+                    if e not in new[d]:
+                        em.send("reduce", t, op, tensor, m, d, targets[e])
+                        new[d][e] = tensor
+        pieces = new
+    for d in range(em.n):
+        held[d] = {targets[e]: tensor for e, tensor in pieces[d].items()}
+    return held
 
 
-def _contains(outer: Box, inner: Box) -> bool:
-    return all(a <= c and e <= b for (a, b), (c, e) in zip(outer, inner))
+def _target(box: Box, levels, states, coords, ways) -> Box | None:
+    """The device's share of D after the reduce-scatter (None: an empty share)."""
+    box = list(box)
+    for level in levels:
+        state, k, p = states[level], ways[level], coords[level]
+        if state.kind == "split":
+            dim = state.dim
+        else:
+            sizes = [b - a for a, b in box]
+            if not sizes or max(sizes) < 2:               # nothing to chunk: part 0 keeps it
+                if p:
+                    return None
+                continue
+            dim = max(range(len(sizes)), key=lambda i: sizes[i])
+        a, b = box[dim]
+        lo, hi = part_range(b - a, k, p)
+        box[dim] = (a + lo, a + hi + 1)
+    return tuple(box)
 
 
-class _Chunk:
-    def __init__(self, tensor):
-        self.tensor = tensor
-
-
-def _sum_on(em, t: str, box: Box, d: int, group, reducer: str, op: str) -> tf.Tensor:
-    """On device d: the reduction over `group` of their partial results cut to `box`."""
-    terms = []
-    for e in group:
-        value = em.produced[t][e]
-        with em._device(e):
-            terms.append(em._cut(value, box))
-        em.send("reduce", t, op, terms[-1], e, d, box)
-    with em._device(d):
-        if len(terms) == 1:
-            return terms[0]
-        name = em._name(t.replace(":", "_") + "/reduce")
-        if reducer in ("sum", "mean"):
-            return tf.math.add_n(terms, name=name)
-        combine = {"max": tf.math.maximum, "min": tf.math.minimum,
-                   "prod": tf.math.multiply}[reducer]
-        result = terms[0]
-        for term in terms[1:]:
-            result = combine(result, term)
-        return tf.identity(result, name=name)
-
-
-def _chunk_axis(box: Box, parts: int) -> int | None:
-    """The largest dim with at least `parts` elements (None: none)."""
-    sizes = [b - a for a, b in box]
-    best = max(range(len(sizes)), key=lambda k: sizes[k], default=None)
-    return best if best is not None and sizes[best] >= parts else None
-
-
-def _chunks(box: Box, axis: int, parts: int) -> list[Box]:
-    from tofu_tf.op_semantics.analysis import part_range
-    a, b = box[axis]
-    out = []
-    for p in range(parts):
-        lo, hi = part_range(b - a, parts, p)
-        out.append(tuple((a + lo, a + hi + 1) if k == axis else r for k, r in enumerate(box)))
-    return out
+def _combine(em, t: str, terms: list[tf.Tensor], reducer: str) -> tf.Tensor:
+    if len(terms) == 1:
+        return terms[0]
+    name = em._name(t.replace(":", "_") + "/reduce")
+    if reducer in ("sum", "mean"):
+        return tf.math.add_n(terms, name=name)
+    combine = {"max": tf.math.maximum, "min": tf.math.minimum, "prod": tf.math.multiply}
+    if reducer not in combine:
+        raise RewriteError(f"no combiner for partial results reduced by '{reducer}'.",
+                           node=t)
+    result = terms[0]
+    for term in terms[1:]:
+        result = combine[reducer](result, term)
+    return tf.identity(result, name=name)

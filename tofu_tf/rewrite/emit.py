@@ -23,6 +23,7 @@ Every cross-device edge is recorded in the ledger. The input GraphDef is never m
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 from typing import Mapping, Sequence
@@ -76,7 +77,7 @@ def emit(graph: Graph, graph_def: graph_pb2.GraphDef, entries: Mapping[str, OpEn
         raise RewriteError(f"{len(devices)} device names for a plan over "
                            f"{parts.num_devices} devices.",
                            fix="pass one device name per device of the plan.")
-    return _Emitter(graph, graph_def, entries, parts, devices, feeds).run(expose)
+    return _Emitter(graph, graph_def, entries, parts, devices, feeds, plan).run(expose)
 
 
 @dataclass
@@ -87,8 +88,11 @@ class _Value:
 
 
 class _Emitter:
-    def __init__(self, graph: Graph, graph_def, entries, parts: Partition, devices, feeds):
+    def __init__(self, graph: Graph, graph_def, entries, parts: Partition, devices, feeds,
+                 plan: Plan):
         self.graph, self.entries, self.parts, self.devices = graph, entries, parts, devices
+        self.plan = plan
+        self.reduced: dict[str, dict] = {}                       # tensor -> reduce_all
         self.feeds = tuple(feeds)
         self.nodes = {node.name: node for node in graph_def.node}
         self.out = tf.Graph()
@@ -163,6 +167,11 @@ class _Emitter:
             self.produced.setdefault(op.outputs[0], [None] * self.n)[d] = _Value(
                 value, piece.outputs[0].box)
             return value.op
+        sem = self.entries[op.name].semantics
+        if sem.updates:
+            piece = self._own_update(op, sem, piece)
+            if piece is None:
+                return None                   # the device stores none of the variable
         inputs = []
         for i, t in enumerate(op.inputs):
             inputs.append(self._input(op, piece, i, t))
@@ -170,12 +179,7 @@ class _Emitter:
         with tf.control_dependencies(self._controls(op) + self._update_controls(op, piece)):
             created = self.out._create_op_internal(piece.op_type, inputs, name=self._name(op.name),
                                                    attrs=attrs)
-        sem = self.entries[op.name].semantics
-        if sem.updates:
-            for c in sem.updates:
-                handle = op.inputs[c.alias]
-                self.reads.setdefault((handle, d), [])
-        elif op.type == "ReadVariableOp":
+        if op.type == "ReadVariableOp":
             self.reads.setdefault((op.inputs[0], d), []).append(created)
         for o, t in enumerate(op.outputs):
             result = created.outputs[o]
@@ -186,6 +190,36 @@ class _Emitter:
                                           name=self._name(op.name + "/scale"))
             self.produced.setdefault(t, [None] * self.n)[d] = _Value(result, out.box)
         return created
+
+    def _own_update(self, op, sem, piece: DeviceOp) -> DeviceOp | None:
+        """The update narrowed to the shard the device stores: a part that computes more
+        than its shard (a level ran whole) writes only its shard. Element-wise updates
+        read their other inputs over the written region, so those narrow alike."""
+        n_real = len(op.outputs)
+        written = [(c.alias, piece.outputs[n_real + u].box) for u, c in enumerate(sem.updates)]
+        owns = [self.parts.stored[op.inputs[alias]][piece.device] for alias, _ in written]
+        if all(box == own for (_, box), own in zip(written, owns)):
+            return piece
+        if not any(_nonempty(own) for own in owns):
+            return None
+        box, own = written[0][1], owns[0]
+        if any(b != box for _, b in written) or any(o != own for o in owns):
+            raise RewriteError("its updates write different regions on one device.",
+                               node=op.name, op_type=op.type)
+        inputs = list(piece.inputs)
+        for i, read in enumerate(piece.inputs):
+            if read is None or not read.data:
+                continue
+            if read.data != box or any(p0 or p1 for p0, p1 in read.pads):
+                raise RewriteError(f"input {i} is not read element-wise with the update, "
+                                   "so the update cannot narrow to the device's shard.",
+                                   node=op.name, op_type=op.type,
+                                   fix="describe the op so its parts match the shards.")
+            inputs[i] = dataclasses.replace(read, data=own)
+        outputs = list(piece.outputs)
+        for u in range(len(written)):
+            outputs[n_real + u] = dataclasses.replace(outputs[n_real + u], box=own)
+        return dataclasses.replace(piece, inputs=tuple(inputs), outputs=tuple(outputs))
 
     def _update_controls(self, op, piece: DeviceOp) -> list[tf.Operation]:
         """An in-place update waits for every read of the shard it writes."""
@@ -273,22 +307,30 @@ class _Emitter:
     def _assemble(self, t: str, box: Box, d: int, sources: Sequence[_Value | None],
                   kind: str, op: str) -> tf.Tensor:
         """`box` of t on device d, cut from the sources (per device) that hold it."""
-        own = sources[d]
+        return self._assemble_pieces(t, box, d, [(e, s) for e, s in enumerate(sources)
+                                                 if s is not None], kind, op)
+
+    def _assemble_pieces(self, t: str, box: Box, d: int, pieces, kind: str,
+                         op: str) -> tf.Tensor:
+        """`box` of t on device d from [(device, value)] pieces: d's own where it holds
+        the region, else the nearest holder's."""
         with self._device(d):
-            if own is not None and _contains(own.box, box):
-                return self._cut(own, box)
+            for e, value in pieces:
+                if e == d and _contains(value.box, box):
+                    return self._cut(value, box)
 
         def cell_value(cell: Box) -> tf.Tensor:
-            src = self._source(cell, d, sources)
-            if src is None:
+            found = self._source(cell, d, pieces)
+            if found is None:
                 raise RewriteError(f"no device holds region {cell} of tensor '{t}'.",
                                    node=op, fix="the plan's states do not cover the tensor.")
+            src, value = found
             with self._device(src):
-                piece = self._cut(sources[src], cell)
+                piece = self._cut(value, cell)
             self.send(kind, t, op, piece, src, d, cell)
             return piece
 
-        return self.tile(t, box, d, [s.box for s in sources if s is not None], cell_value)
+        return self.tile(t, box, d, [value.box for _, value in pieces], cell_value)
 
     def send(self, kind: str, t: str, op: str, piece: tf.Tensor, src: int, dst: int,
              box: Box) -> None:
@@ -320,16 +362,16 @@ class _Emitter:
 
         return build(0, [])
 
-    def _source(self, cell: Box, d: int, sources) -> int | None:
-        """The device to read a cell from: d itself if it holds it, else the nearest
-        holder (sharing the longest prefix of level coordinates)."""
-        holders = [e for e, s in enumerate(sources) if s is not None and _contains(s.box, cell)]
+    def _source(self, cell: Box, d: int, pieces):
+        """(device, value) to read a cell from: d's own if it holds it, else the nearest
+        holder's (sharing the longest prefix of level coordinates); None if none."""
+        holders = [(e, v) for e, v in pieces if _contains(v.box, cell)]
         if not holders:
             return None
-        if d in holders:
-            return d
         mine = self.parts.coordinates(d)
-        return max(holders, key=lambda e: (_prefix(self.parts.coordinates(e), mine), -e))
+        return max(holders, key=lambda ev: (ev[0] == d,
+                                            _prefix(self.parts.coordinates(ev[0]), mine),
+                                            -ev[0]))
 
     def _cut(self, value: _Value, box: Box) -> tf.Tensor:
         if value.box == box:
@@ -339,9 +381,15 @@ class _Emitter:
 
     # -- partial results -------------------------------------------------------------------
     def _reduced(self, t: str, d: int, box: Box, op: str) -> tf.Tensor:
-        levels, reducer = self.partial[t]
-        group = self.parts.group(d, levels)
-        return collectives.reduce_region(self, t, box, d, group, reducer, op)
+        """The stored box of a partial result, from the reduced pieces (collectives)."""
+        if t not in self.reduced:
+            self.reduced[t] = collectives.reduce_all(self, t, op)
+        pieces = [(e, _Value(tensor, piece)) for e, held in self.reduced[t].items()
+                  for piece, tensor in held.items()]
+        return self._assemble_pieces(t, box, d, pieces, "convert", op)
+
+    def plan_states(self, t: str) -> list[str]:
+        return [self.plan.state(level, t) for level in range(len(self.plan.levels))]
 
     # -- sources and variables -------------------------------------------------------------
     def _emit_feed(self, op, node, piece: DeviceOp):
