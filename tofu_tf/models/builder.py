@@ -9,6 +9,9 @@ respect to every trainable variable, and the optimizer's assignments. Both modes
 - graph-only: everything, inputs included (`tf.compat.v1.placeholder`), is made inside a
   fresh `tf.Graph`; variable initializers are never run, so no weight memory is allocated.
 
+Every float in the step has the build's `dtype` ("float32" default, or "float64"; see
+`common.check_dtype`): the `VariableStore` carries it, and `inputs` and `sample` get it.
+
 Either way the graph holds a tensor `loss:0` and a NoOp `train_op` grouping all updates;
 a graph-only graph also holds a NoOp `init` that runs every variable initializer.
 """
@@ -23,7 +26,8 @@ import numpy as np
 import tensorflow as tf
 
 from tofu_tf.errors import TofuError
-from tofu_tf.models.common import FeedSpec, ModelStep, VariableStore
+from tofu_tf.models.common import (DEFAULT_DTYPE, FeedSpec, ModelStep, VariableStore,
+                                   check_dtype)
 from tofu_tf.models.optimizers import OptimizerConfig, make_optimizer, optimizer_config
 
 LossFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
@@ -38,8 +42,10 @@ class ModelDef:
     defaults: Mapping[str, object]           # every size setting with its tiny default
     normalize: Callable[[dict], dict]         # checked, completed sizes (raises TofuError)
     define: Callable[[VariableStore, dict, int], LossFn]  # makes variables, returns loss_fn
-    inputs: Callable[[dict, int], tuple[FeedSpec, FeedSpec]]  # (x, y) shapes and dtypes
-    sample: Callable[[dict, int, np.random.Generator], tuple[np.ndarray, np.ndarray]]
+    # (sizes, batch_size, float dtype name) -> (x, y) shapes and dtypes
+    inputs: Callable[[dict, int, str], tuple[FeedSpec, FeedSpec]]
+    # (sizes, batch_size, float dtype name, rng) -> one (x, y) batch
+    sample: Callable[[dict, int, str, np.random.Generator], tuple[np.ndarray, np.ndarray]]
 
     def __call__(self, **kwargs) -> ModelStep:
         return build_step(self, **kwargs)
@@ -54,28 +60,30 @@ class _Setup:
     batch_size: int
     optimizer: OptimizerConfig
     seed: int
+    dtype: str                                # "float32" or "float64"
 
     def prepare(self, graph_only: bool):
         """A fresh store, the model's loss_fn and the optimizer (variables made here)."""
-        store = VariableStore(graph_only=graph_only, seed=self.seed)
+        store = VariableStore(graph_only=graph_only, seed=self.seed, dtype=self.dtype)
         loss_fn = self.model.define(store, self.sizes, self.batch_size)
         return store, loss_fn, make_optimizer(self.optimizer, store)
 
     def input_specs(self):
-        return self.model.inputs(self.sizes, self.batch_size)
+        return self.model.inputs(self.sizes, self.batch_size, self.dtype)
 
 
 def build_step(model: ModelDef, *, optimizer: str = "sgd", batch_size: int,
                graph_only: bool = False, seed: int = 0, learning_rate: float | None = None,
-               **sizes) -> ModelStep:
+               dtype: str = DEFAULT_DTYPE, **sizes) -> ModelStep:
     setup = _Setup(model, model.normalize(_complete_sizes(model, sizes)),
                    check_positive_int("batch_size", batch_size),
-                   optimizer_config(optimizer, learning_rate), _check_seed(seed))
+                   optimizer_config(optimizer, learning_rate), _check_seed(seed),
+                   check_dtype(dtype))
     config = {**setup.sizes, "batch_size": setup.batch_size, **setup.optimizer.as_dict(),
-              "seed": seed, "graph_only": graph_only}
+              "seed": seed, "graph_only": graph_only, "dtype": setup.dtype}
     fields = _build_graph_only(setup) if graph_only else _build_eager(setup)
     return ModelStep(model.name, config, **fields, _sample=partial(
-        model.sample, setup.sizes, setup.batch_size))
+        model.sample, setup.sizes, setup.batch_size, setup.dtype))
 
 
 def train_step(loss_fn: LossFn, store: VariableStore, optimizer, x, y):

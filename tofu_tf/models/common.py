@@ -4,7 +4,8 @@ A model is written once against a `VariableStore`. In eager mode the store makes
 `tf.Variable`s whose values come from a seeded NumPy generator; in graph-only mode it makes
 variables inside the current `tf.Graph` whose initial value is a small op (Fill or a
 stateless random op) that is never run, so no weight memory is allocated however large the
-shapes are.
+shapes are. The store also carries the step's float dtype (`store.dtype`): model and
+optimizer code asks it for every float variable, constant and zero state it makes.
 """
 
 from __future__ import annotations
@@ -20,7 +21,25 @@ from tofu_tf.errors import TofuError
 
 FeedSpec = tuple[tuple[int, ...], str]  # (shape, dtype name)
 STEP_SETTINGS = ("batch_size", "optimizer", "learning_rate", "momentum", "beta1", "beta2",
-                 "epsilon", "seed", "graph_only")  # the config keys that are not model sizes
+                 "epsilon", "seed", "graph_only", "dtype")  # config keys that are not sizes
+DTYPES = ("float32", "float64")  # valid `dtype` settings; the first is the default
+DEFAULT_DTYPE = DTYPES[0]
+
+
+def check_dtype(dtype) -> str:
+    """The float dtype of a whole step: "float32" (default) or "float64", as its name.
+
+    Every float in the step is this dtype: variables, optimizer slots and constants,
+    float inputs, masks, batch-norm statistics, losses and `sample_batch` arrays (integer
+    inputs such as token ids stay int32). float64 steps let equivalence tests compare a
+    partitioned step with the unpartitioned one without float32 rounding noise. Accepts the
+    name or a `tf.DType` / `np.dtype`; anything else raises `TofuError`.
+    """
+    name = dtype if isinstance(dtype, str) else (
+        dtype.name if isinstance(dtype, (tf.DType, np.dtype)) else None)
+    if name not in DTYPES:
+        raise TofuError(f"unknown dtype {dtype!r}; valid choices: {', '.join(DTYPES)}.")
+    return name
 
 
 @dataclass(frozen=True, eq=False)
@@ -28,7 +47,7 @@ class ModelStep:
     """One built training step: its graph, how to feed and fetch it, and (eager) live state."""
 
     name: str
-    config: dict                        # every size setting, optimizer, batch_size, lr, seed
+    config: dict                        # sizes, optimizer settings, batch_size, seed, ..., dtype
     graph_def: GraphDef                 # shapes attached (`_output_shapes`)
     fetches: list[str]                  # loss tensor name first, then the grouped update op
     feeds: dict[str, FeedSpec]          # input placeholder tensor name -> (shape, dtype)
@@ -51,6 +70,9 @@ class ModelStep:
         sizes = ", ".join(f"{k}={v}" for k, v in self.config.items()
                           if k not in STEP_SETTINGS)
         mode = "graph-only" if self.graph_only else "eager"
+        dtype = self.config.get("dtype", DEFAULT_DTYPE)
+        if dtype != DEFAULT_DTYPE:
+            mode = f"{mode}, {dtype}"
         return (f"{self.name}({sizes}; {self.config['optimizer']}, batch "
                 f"{self.config['batch_size']}, {mode}, {len(self.graph_def.node)} nodes)")
 
@@ -58,15 +80,17 @@ class ModelStep:
 class VariableStore:
     """Creates the named variables of one model, in eager or graph-only mode.
 
-    Variables are float32. `get` returns `offset + init_scale * N(0, 1)` values; with
+    Variables are of `dtype` (float32 unless the step asks for float64; see `check_dtype`),
+    which model code reads back as `store.dtype` (a `tf.DType`). `get` returns `offset + init_scale * N(0, 1)` values; with
     `init_scale == 0` the variable is the constant `offset`. Model variables come first in
     `variables`, optimizer slots (made with `slot`) after them. `updates` collects the
     non-optimizer state updates of one step (batch-norm moving statistics).
     """
 
-    def __init__(self, *, graph_only: bool, seed: int):
+    def __init__(self, *, graph_only: bool, seed: int, dtype: str = DEFAULT_DTYPE):
         self.graph_only = graph_only
         self.seed = seed
+        self.dtype: tf.DType = tf.as_dtype(check_dtype(dtype))
         self._rng = np.random.default_rng(seed)
         self.model_variables: list[tf.Variable] = []
         self.slot_variables: list[tf.Variable] = []
@@ -106,18 +130,24 @@ class VariableStore:
         self._names.add(name)
         shape = [int(d) for d in shape]
         initial = self._initial_value(shape, float(init_scale), float(offset))
-        return tf.Variable(initial, name=name, trainable=trainable, dtype=tf.float32)
+        return tf.Variable(initial, name=name, trainable=trainable, dtype=self.dtype)
 
     def _initial_value(self, shape, init_scale, offset):
         if self.graph_only:
             if init_scale == 0.0:
-                return tf.fill(shape, tf.constant(offset, tf.float32))
+                # A Python [] (scalar shape) converts to a dead float32 Const before the
+                # int32 one Fill reads; int32 dims avoid it. float32 steps keep the list so
+                # their graphs stay as they were.
+                dims = shape if self.dtype == tf.float32 else np.asarray(shape, np.int32)
+                return tf.fill(dims, tf.constant(offset, self.dtype))
             seed = tf.constant([self.seed, len(self._names)], tf.int32)
-            return tf.random.stateless_normal(shape, seed, mean=offset, stddev=init_scale)
+            return tf.random.stateless_normal(shape, seed, mean=offset, stddev=init_scale,
+                                              dtype=self.dtype)
+        np_dtype = self.dtype.as_numpy_dtype
         if init_scale == 0.0:
-            return np.full(shape, offset, np.float32)
-        values = self._rng.standard_normal(shape, dtype=np.float32) * np.float32(init_scale)
-        return values + np.float32(offset)
+            return np.full(shape, offset, np_dtype)
+        values = self._rng.standard_normal(shape, dtype=np_dtype) * np_dtype(init_scale)
+        return values + np_dtype(offset)
 
 
 def variable_name(var: tf.Variable) -> str:

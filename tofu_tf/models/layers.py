@@ -75,6 +75,20 @@ def layer_norm(store: VariableStore, name: str, channels: int) -> Apply:
     return apply
 
 
+def gelu(x: tf.Tensor) -> tf.Tensor:
+    """Exact GELU, 0.5 * x * erfc(-x / sqrt(2)), with its constant in x's dtype.
+
+    The same ops and names as `tf.nn.gelu(x, approximate=False)`, which makes its constant
+    as a float32 Const cast to x's dtype: float32 rounding (and a float32 node) in a float64
+    step. For float32 x the graph is identical.
+    """
+    with tf.name_scope("Gelu"):
+        def inv_sqrt2():
+            with tf.name_scope("Cast"):
+                return tf.constant(0.7071067811865476, x.dtype, name="x")
+        return 0.5 * x * tf.math.erfc(-x * inv_sqrt2())
+
+
 def softmax_cross_entropy(logits: tf.Tensor, one_hot_labels: tf.Tensor) -> tf.Tensor:
     """Mean softmax cross-entropy against dense (one-hot) labels."""
     losses = tf.nn.softmax_cross_entropy_with_logits(labels=one_hot_labels, logits=logits)

@@ -7,7 +7,7 @@
     logits = stack_t(h_t of the top layer) @ W_out + b_out; mean sparse softmax cross-entropy
 
 x: int32 [batch, steps] token ids in [0, vocab); y: int32 [batch, steps] labels in
-[0, num_classes). Paper sizes: steps 20, embedding 512, vocab = num_classes = 512,
+[0, num_classes); the floats (weights, states) are the step dtype. Paper sizes: steps 20, embedding 512, vocab = num_classes = 512,
 hidden 4096-10240, 4-10 layers.
 """
 
@@ -54,7 +54,8 @@ def define(store, sizes: dict, batch_size: int):
     def loss_fn(x, y):
         inputs = tf.unstack(tf.gather(embedding, x), num=steps, axis=1)
         for cell in cells:
-            state = (tf.zeros([batch_size, hidden]), tf.zeros([batch_size, hidden]))
+            state = (tf.zeros([batch_size, hidden], store.dtype),
+                     tf.zeros([batch_size, hidden], store.dtype))
             outputs = []
             for x_t in inputs:
                 state = cell(x_t, state)
@@ -66,12 +67,12 @@ def define(store, sizes: dict, batch_size: int):
     return loss_fn
 
 
-def inputs(sizes: dict, batch_size: int):
+def inputs(sizes: dict, batch_size: int, dtype: str):
     shape = (batch_size, sizes["steps"])
     return (shape, "int32"), (shape, "int32")
 
 
-def sample(sizes: dict, batch_size: int, rng: np.random.Generator):
+def sample(sizes: dict, batch_size: int, dtype: str, rng: np.random.Generator):
     shape = (batch_size, sizes["steps"])
     return (rng.integers(0, sizes["vocab"], shape, dtype=np.int32),
             rng.integers(0, sizes["num_classes"], shape, dtype=np.int32))

@@ -1,6 +1,6 @@
 """Multi-layer perceptron classifier.
 
-x: float32 [batch, input_dim]; y: float32 one-hot [batch, num_classes].
+x: float [batch, input_dim]; y: float one-hot [batch, num_classes] (float = the step dtype).
 Hidden layers are dense + bias + ReLU; the last dense layer gives the logits; the loss is the
 mean `tf.nn.softmax_cross_entropy_with_logits`.
 """
@@ -40,15 +40,15 @@ def define(store, sizes: dict, batch_size: int):
     return loss_fn
 
 
-def inputs(sizes: dict, batch_size: int):
-    return ((batch_size, sizes["input_dim"]), "float32"), \
-        ((batch_size, sizes["num_classes"]), "float32")
+def inputs(sizes: dict, batch_size: int, dtype: str):
+    return ((batch_size, sizes["input_dim"]), dtype), \
+        ((batch_size, sizes["num_classes"]), dtype)
 
 
-def sample(sizes: dict, batch_size: int, rng: np.random.Generator):
-    x = rng.standard_normal((batch_size, sizes["input_dim"]), dtype=np.float32)
+def sample(sizes: dict, batch_size: int, dtype: str, rng: np.random.Generator):
+    x = rng.standard_normal((batch_size, sizes["input_dim"]), dtype=dtype)
     labels = rng.integers(0, sizes["num_classes"], batch_size)
-    return x, np.eye(sizes["num_classes"], dtype=np.float32)[labels]
+    return x, np.eye(sizes["num_classes"], dtype=dtype)[labels]
 
 
 MODEL = ModelDef("mlp", DEFAULTS, normalize, define, inputs, sample)

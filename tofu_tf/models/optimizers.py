@@ -9,7 +9,7 @@ Every update is a `tf.Variable.assign*` call, so the graph holds AssignVariableO
 AssignSubVariableOp and AssignAddVariableOp nodes. New slot values are computed as tensors
 from one read of the slot and used directly, so the graph needs no read-after-write
 ordering beyond its data edges (the Adam step read is made a control input of its
-increment).
+increment). Slots and constants have the store's dtype (`store.dtype`).
 """
 
 from __future__ import annotations
@@ -55,14 +55,18 @@ class Optimizer:
 
     def __init__(self, config: OptimizerConfig, store: VariableStore):
         self.config = config
+        self.dtype = store.dtype
         self.variables = store.trainable
         self._make_slots(store)
 
     def _make_slots(self, store: VariableStore) -> None:
         pass
 
+    def constant(self, value: float) -> tf.Tensor:
+        return tf.constant(value, self.dtype)
+
     def apply(self, grads: list[tf.Tensor]) -> list[tf.Operation]:
-        lr = tf.constant(self.config.learning_rate, tf.float32)
+        lr = self.constant(self.config.learning_rate)
         return [var.assign_sub(lr * grad, read_value=False)
                 for var, grad in zip(self.variables, grads)]
 
@@ -72,8 +76,8 @@ class Momentum(Optimizer):
         self.momenta = [store.slot(v, "momentum") for v in self.variables]
 
     def apply(self, grads):
-        lr = tf.constant(self.config.learning_rate, tf.float32)
-        mu = tf.constant(self.config.momentum, tf.float32)
+        lr = self.constant(self.config.learning_rate)
+        mu = self.constant(self.config.momentum)
         updates = []
         for var, slot, grad in zip(self.variables, self.momenta, grads):
             new_m = mu * slot + grad
@@ -90,13 +94,13 @@ class Adam(Optimizer):
 
     def apply(self, grads):
         c = self.config
-        b1, b2 = tf.constant(c.beta1, tf.float32), tf.constant(c.beta2, tf.float32)
+        b1, b2 = self.constant(c.beta1), self.constant(c.beta2)
         step = self.step.read_value() + 1.0
         with tf.control_dependencies([step]):
-            updates = [self.step.assign_add(tf.constant(1.0), read_value=False)]
+            updates = [self.step.assign_add(self.constant(1.0), read_value=False)]
         correction1 = 1.0 - tf.pow(b1, step)
         correction2 = 1.0 - tf.pow(b2, step)
-        lr = tf.constant(c.learning_rate, tf.float32)
+        lr = self.constant(c.learning_rate)
         for var, m, v, grad in zip(self.variables, self.first, self.second, grads):
             new_m = b1 * m + (1.0 - b1) * grad
             new_v = b2 * v + (1.0 - b2) * tf.square(grad)

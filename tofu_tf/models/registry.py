@@ -5,7 +5,7 @@ from __future__ import annotations
 from tofu_tf.errors import TofuError
 from tofu_tf.models import lstm, mlp, transformer, wresnet
 from tofu_tf.models.builder import ModelDef
-from tofu_tf.models.common import ModelStep
+from tofu_tf.models.common import DEFAULT_DTYPE, ModelStep
 
 MODELS: dict[str, ModelDef] = {m.MODEL.name: m.MODEL for m in (mlp, wresnet, lstm, transformer)}
 
@@ -22,14 +22,20 @@ PAPER_SIZES: dict[str, dict] = {
 
 
 def build(name: str, *, optimizer: str = "sgd", batch_size: int, graph_only: bool = False,
-          seed: int = 0, learning_rate: float | None = None, **sizes) -> ModelStep:
+          seed: int = 0, learning_rate: float | None = None, dtype: str = DEFAULT_DTYPE,
+          **sizes) -> ModelStep:
     """Builds model `name`'s training step; see `MODELS[name].defaults` for its sizes.
 
     Eager (default): tiny-size friendly, real variables from a NumPy RNG seeded by `seed`.
     graph_only=True: a GraphDef in a fresh tf.Graph, no weight memory; any size.
     `learning_rate` defaults per optimizer (optimizers.DEFAULT_LEARNING_RATE).
+    `dtype` ("float32" default, or "float64") is the float dtype of the whole step:
+    variables, optimizer slots and constants, float inputs, masks, batch-norm statistics,
+    losses and `sample_batch` arrays; integer inputs (token ids) stay int32. float64 steps
+    let equivalence tests compare a partitioned step with the unpartitioned one without
+    float32 rounding noise. Any other value raises `TofuError`.
     """
     if name not in MODELS:
         raise TofuError(f"unknown model '{name}'; valid choices: {', '.join(MODELS)}.")
     return MODELS[name](optimizer=optimizer, batch_size=batch_size, graph_only=graph_only,
-                        seed=seed, learning_rate=learning_rate, **sizes)
+                        seed=seed, learning_rate=learning_rate, dtype=dtype, **sizes)

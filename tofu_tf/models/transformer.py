@@ -9,7 +9,8 @@
 The LM head is untied: `lm_head/kernel` [d_model, vocab] is its own variable, so every
 variable gets its gradient from one path. The causal mask is input-independent: it is
 built from two `tf.range`s and a comparison rather than stored as a seq_len^2 Const, so the
-GraphDef stays small at any sequence length. x, y: int32 [batch, seq_len].
+GraphDef stays small at any sequence length. x, y: int32 [batch, seq_len]; the floats
+(weights, mask, activations) are the step dtype.
 GPT-2 medium: layers 24, d_model 1024, heads 16, seq_len 1024, vocab 50257.
 """
 
@@ -36,10 +37,10 @@ def normalize(sizes: dict) -> dict:
     return sizes
 
 
-def causal_bias(seq_len: int) -> tf.Tensor:
-    """[seq_len, seq_len]: 0 where key <= query, -1e9 above the diagonal."""
+def causal_bias(seq_len: int, dtype: tf.DType = tf.float32) -> tf.Tensor:
+    """[seq_len, seq_len] of `dtype`: 0 where key <= query, -1e9 above the diagonal."""
     positions = tf.range(seq_len)
-    allowed = tf.cast(positions[:, None] >= positions[None, :], tf.float32)
+    allowed = tf.cast(positions[:, None] >= positions[None, :], dtype)
     return (allowed - 1.0) * 1e9
 
 
@@ -73,7 +74,7 @@ def decoder_block(store, name: str, sizes: dict, batch_size: int):
 
     def apply(h, bias):
         h = h + attention(norm1(h), bias)
-        return h + down(tf.nn.gelu(up(norm2(h)), approximate=False))
+        return h + down(layers.gelu(up(norm2(h))))
     return apply
 
 
@@ -89,7 +90,7 @@ def define(store, sizes: dict, batch_size: int):
     def loss_fn(x, y):
         h = tf.gather(token_embedding, x) + position_embedding
         h = tf.reshape(h, [batch_size * seq_len, d_model])
-        bias = causal_bias(seq_len)
+        bias = causal_bias(seq_len, store.dtype)
         for block in blocks:
             h = block(h, bias)
         logits = tf.matmul(final_norm(h), lm_head)
@@ -98,12 +99,12 @@ def define(store, sizes: dict, batch_size: int):
     return loss_fn
 
 
-def inputs(sizes: dict, batch_size: int):
+def inputs(sizes: dict, batch_size: int, dtype: str):
     shape = (batch_size, sizes["seq_len"])
     return (shape, "int32"), (shape, "int32")
 
 
-def sample(sizes: dict, batch_size: int, rng: np.random.Generator):
+def sample(sizes: dict, batch_size: int, dtype: str, rng: np.random.Generator):
     shape = (batch_size, sizes["seq_len"])
     return (rng.integers(0, sizes["vocab"], shape, dtype=np.int32),
             rng.integers(0, sizes["vocab"], shape, dtype=np.int32))

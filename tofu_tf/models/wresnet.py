@@ -11,8 +11,8 @@
 sizes); the tiny test default is 8. `depth` 50/101/152 selects units [3,4,6,3], [3,4,23,3],
 [3,8,36,3]; any other depth with (depth - 2) divisible by 12 gives four equal stages (14 ->
 [1,1,1,1]); `units=(a, b, c, d)` sets them directly. Batch norm runs in training mode with
-plain ops and updates its moving statistics. x: float32 [batch, size, size, 3];
-y: float32 one-hot [batch, num_classes].
+plain ops and updates its moving statistics. x: float [batch, size, size, 3];
+y: float one-hot [batch, num_classes] (float = the step dtype).
 """
 
 from __future__ import annotations
@@ -97,17 +97,17 @@ def define(store, sizes: dict, batch_size: int):
     return loss_fn
 
 
-def inputs(sizes: dict, batch_size: int):
+def inputs(sizes: dict, batch_size: int, dtype: str):
     size = sizes["image_size"]
-    return ((batch_size, size, size, 3), "float32"), \
-        ((batch_size, sizes["num_classes"]), "float32")
+    return ((batch_size, size, size, 3), dtype), \
+        ((batch_size, sizes["num_classes"]), dtype)
 
 
-def sample(sizes: dict, batch_size: int, rng: np.random.Generator):
+def sample(sizes: dict, batch_size: int, dtype: str, rng: np.random.Generator):
     size = sizes["image_size"]
-    x = rng.standard_normal((batch_size, size, size, 3), dtype=np.float32)
+    x = rng.standard_normal((batch_size, size, size, 3), dtype=dtype)
     labels = rng.integers(0, sizes["num_classes"], batch_size)
-    return x, np.eye(sizes["num_classes"], dtype=np.float32)[labels]
+    return x, np.eye(sizes["num_classes"], dtype=dtype)[labels]
 
 
 MODEL = ModelDef("wresnet", DEFAULTS, normalize, define, inputs, sample)
