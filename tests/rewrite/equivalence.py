@@ -38,9 +38,12 @@ def partitioned(step, batches, initial, **kwargs):
     return optimized, losses, final
 
 
-def compare(model: str, optimizer: str, steps: int = 3, batch_size: int = 8, **kwargs):
+def compare(model: str, optimizer: str, steps: int = 3, batch_size: int = 8,
+            dtype: str = "float32", **kwargs):
     """Build, run both, assert equal within (RTOL, ATOL); returns the optimized graph."""
-    step = build(model, optimizer=optimizer, graph_only=True, batch_size=batch_size)
+    extra = {} if dtype == "float32" else {"dtype": dtype}
+    step = build(model, optimizer=optimizer, graph_only=True, batch_size=batch_size,
+                 **extra)
     batches = [step.sample_batch(seed) for seed in range(steps)]
     initial, want_losses, want = reference(step, batches)
     optimized, losses, got = partitioned(step, batches, initial, **kwargs)
