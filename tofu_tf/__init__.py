@@ -1,12 +1,39 @@
 """tofu_tf: partition a TensorFlow training step across N devices, operator by operator."""
 
+import os
+import sys
+
+# TensorFlow 2.21's oneDNN CPU kernels give some local shapes of a split op different
+# numbers than the whole op (a broadcasting Mul on (8, 2, 2, 1024) channels of ResNet50
+# differs by 2% of scale) and corrupt the heap on others (1x1 stride-2 filter gradients).
+# Unless the user chose otherwise, use TensorFlow's own kernels; this only takes effect
+# when tofu_tf is imported before TensorFlow.
+if "tensorflow" not in sys.modules:
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+
 from tofu_tf.errors import (DescriptionError, DynamicShapeError, GraphImportError,
                             PartitionError, PlanInfeasibleError, RegistryError, RewriteError,
                             TofuError, UnsupportedOpError)
 from tofu_tf.graph import Graph, Op, Role, Tensor, Variable
+from tofu_tf.options import Options, VariableStorage
+from tofu_tf.search.plan import Plan
+from tofu_tf.search.topology import Topology
 
 __all__ = [
-    "DescriptionError", "DynamicShapeError", "Graph", "GraphImportError", "Op",
-    "PartitionError", "PlanInfeasibleError", "RegistryError", "RewriteError", "Role",
-    "Tensor", "TofuError", "UnsupportedOpError", "Variable",
+    "DescriptionError", "DynamicShapeError", "Graph", "GraphImportError", "Op", "Options",
+    "PartitionError", "Plan", "PlanInfeasibleError", "RegistryError", "RewriteError", "Role",
+    "Tensor", "TofuError", "Topology", "UnsupportedOpError", "Variable", "VariableStorage",
+    "function", "optimize",
 ]
+
+
+def __getattr__(name: str):
+    """`optimize` and `function` import TensorFlow: loaded on first use, so the planner
+    (`import tofu_tf`, `tofu_tf.search`) stays free of it."""
+    if name == "optimize":
+        from tofu_tf.api import optimize
+        return optimize
+    if name == "function":
+        from tofu_tf.api import function
+        return function
+    raise AttributeError(f"module 'tofu_tf' has no attribute '{name}'")

@@ -8,13 +8,32 @@
 
 The result's variables are shards (one VarHandleOp per device, `optimized.shards`);
 `tofu_tf.runtime` initialises them from unpartitioned values and reads them back.
+
+`@tofu_tf.function` runs a Python training step partitioned:
+
+    @tofu_tf.function(num_devices=8)
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+The first call traces the step for its arguments, plans, rewrites, and creates the shard
+variables from the current values of the variables the step uses. Later calls run the
+partitioned step (the arguments must keep their shapes and dtypes). The original
+variables are not updated while it trains: `write_back()` writes the current unpartitioned
+values into them (so `tf.train.Checkpoint` and `model.save` work unchanged) and `reload()`
+does the reverse, after the original variables were changed or restored.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
+import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
 from tofu_tf.errors import TofuError
@@ -22,9 +41,11 @@ from tofu_tf.graph import Graph
 from tofu_tf.op_semantics.catalog import catalog
 from tofu_tf.options import Options
 from tofu_tf.rewrite.emit import Shard, emit
-from tofu_tf.rewrite.graphdef_io import import_graph_def
+from tofu_tf.rewrite.graphdef_io import (ImportedGraph, import_concrete_function,
+                                         import_graph_def)
 from tofu_tf.rewrite.ledger import Ledger
 from tofu_tf.rewrite.verify import verify
+from tofu_tf.runtime import Runner
 from tofu_tf.search.plan import Plan, make_plan
 from tofu_tf.search.topology import Topology
 
@@ -53,8 +74,17 @@ def optimize(graph_def: graph_pb2.GraphDef, fetches: Sequence[str], *,
     """Partition a training step. `fetches`: tensor ('loss:0') or op ('train_op') names;
     `feeds`: the placeholders fed each step; `num_devices` or `topology` ('2x4');
     `devices`: device names (default: this host's logical CPUs)."""
-    topology = _topology(num_devices, topology)
+    topology = topology_of(num_devices, topology)
     imported = import_graph_def(graph_def, list(fetches), feeds=list(feeds))
+    return optimize_imported(imported, topology, feeds=feeds, options=options,
+                             devices=devices, plan=plan, expose=expose)
+
+
+def optimize_imported(imported: ImportedGraph, topology: Topology, *,
+                      feeds: Sequence[str] = (), options: Options = Options(),
+                      devices: Sequence[str] | None = None, plan: Plan | None = None,
+                      expose: Sequence[str] = ()) -> Optimized:
+    """Plan (unless given), emit and verify an imported graph."""
     entries = catalog(imported.graph, strict=True)
     plan = plan or make_plan(imported.graph, topology, options=options)
     emitted = emit(imported.graph, imported.graph_def, entries, plan, devices=devices,
@@ -64,10 +94,90 @@ def optimize(graph_def: graph_pb2.GraphDef, fetches: Sequence[str], *,
                      emitted.devices, emitted.fetches, tuple(feeds), imported.graph)
 
 
-def _topology(num_devices: int | None, topology: Topology | str | None) -> Topology:
+def topology_of(num_devices: int | None, topology: Topology | str | None) -> Topology:
     if (num_devices is None) == (topology is None):
         raise TofuError("pass exactly one of num_devices and topology.",
                         fix="e.g. num_devices=8, or topology='2x4'.")
     if topology is None:
         return Topology.default(num_devices)
     return Topology.parse(topology) if isinstance(topology, str) else topology
+
+
+class PartitionedFunction:
+    def __init__(self, fn: Callable, *, num_devices: int | None = None,
+                 topology: Topology | str | None = None, options: Options = Options(),
+                 devices: Sequence[str] | None = None):
+        self._fn = fn if hasattr(fn, "get_concrete_function") else tf.function(fn)
+        self._topology = topology_of(num_devices, topology)
+        self._options, self._devices = options, devices
+        self._runner: Runner | None = None
+        self._optimized: Optimized | None = None
+        self._variables: dict[str, Any] = {}
+        self._signature: list[tuple] = []
+
+    def __call__(self, *args):
+        flat = [np.asarray(a) for a in tf.nest.flatten(args)]
+        if self._runner is None:
+            self._build(args)
+        signature = [(a.shape, a.dtype) for a in flat]
+        if signature != self._signature:
+            raise TofuError(f"the step was partitioned for arguments {self._signature}, "
+                            f"called with {signature}.",
+                            fix="call it with arguments of the traced shapes and dtypes.")
+        values = self._runner.run(dict(zip(self._feeds, flat)))
+        outputs = [tf.constant(v) for v in values[:self._num_outputs]]
+        return tf.nest.pack_sequence_as(self._structure, outputs)
+
+    def _build(self, args) -> None:
+        concrete = self._fn.get_concrete_function(*args)
+        imported = import_concrete_function(concrete)
+        internal = {t.ref() for _, t in concrete.graph.captures}
+        self._feeds = [t.name for t in concrete.inputs if t.ref() not in internal]
+        self._optimized = optimize_imported(imported, self._topology, feeds=self._feeds,
+                                            options=self._options, devices=self._devices)
+        self._variables = dict(imported.captures)
+        self._num_outputs = len(concrete.outputs)
+        self._structure = concrete.structured_outputs
+        self._signature = [(np.asarray(a).shape, np.asarray(a).dtype)
+                           for a in tf.nest.flatten(args)]
+        self._runner = Runner(self._optimized, self._current_values())
+
+    def _current_values(self) -> dict[str, np.ndarray]:
+        return {name: variable.numpy() for name, variable in self._variables.items()
+                if name in self._optimized.shards}
+
+    @property
+    def plan(self):
+        self._require_built()
+        return self._optimized.plan
+
+    @property
+    def optimized(self) -> Optimized:
+        self._require_built()
+        return self._optimized
+
+    def write_back(self) -> None:
+        """The current unpartitioned values into the original variables."""
+        self._require_built()
+        for name, value in self._runner.values().items():
+            self._variables[name].assign(value)
+
+    def reload(self) -> None:
+        """The shards from the original variables' current values."""
+        self._require_built()
+        self._runner.load(self._current_values())
+
+    def _require_built(self) -> None:
+        if self._runner is None:
+            raise TofuError("the step has not been called yet.",
+                            fix="call it once; the first call plans and partitions it.")
+
+
+def function(fn: Callable | None = None, *, num_devices: int | None = None,
+             topology: Topology | str | None = None, options: Options = Options(),
+             devices: Sequence[str] | None = None):
+    """Decorator: `@tofu_tf.function(num_devices=8)` (see the module docstring)."""
+    def wrap(step: Callable) -> PartitionedFunction:
+        return PartitionedFunction(step, num_devices=num_devices, topology=topology,
+                                   options=options, devices=devices)
+    return wrap(fn) if fn is not None else wrap

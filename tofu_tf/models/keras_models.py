@@ -75,18 +75,31 @@ def _text_model(name: str, seq_len: int, hidden: int, vocab: int):
 
 def build_keras_step(name: str, *, batch_size: int = 2, image_size: int = 32,
                      classes: int = 10, seq_len: int = 8, hidden: int = 16, vocab: int = 64,
-                     seed: int = 0) -> KerasStep:
-    """A tf.function training step (Adam) of a Keras application or keras_hub backbone."""
+                     seed: int = 0, dtype: str = "float32") -> KerasStep:
+    """A tf.function training step (Adam) of a Keras application or keras_hub backbone.
+    `dtype="float64"` builds the model under that Keras float type (equivalence tests)."""
     import keras
     if name not in KERAS_MODELS:
         raise TofuError(f"unknown Keras model '{name}'; choose one of {', '.join(KERAS_MODELS)}.")
     keras.utils.set_random_seed(seed)
     rng = np.random.default_rng(seed)
+    previous = keras.config.floatx()
+    keras.config.set_floatx(dtype)
+    try:
+        return _build_keras_step(name, batch_size, image_size, classes, seq_len, hidden,
+                                 vocab, rng, dtype)
+    finally:
+        keras.config.set_floatx(previous)
+
+
+def _build_keras_step(name, batch_size, image_size, classes, seq_len, hidden, vocab, rng,
+                      dtype) -> KerasStep:
+    import keras
     if name in IMAGE_MODELS:
         model = _image_model(name, image_size, classes)
         loss_fn = keras.losses.CategoricalCrossentropy()
-        x = rng.standard_normal((batch_size, image_size, image_size, 3)).astype(np.float32)
-        y = np.eye(classes, dtype=np.float32)[rng.integers(0, classes, batch_size)]
+        x = rng.standard_normal((batch_size, image_size, image_size, 3)).astype(dtype)
+        y = np.eye(classes, dtype=dtype)[rng.integers(0, classes, batch_size)]
     else:
         model = _text_model(name, seq_len, hidden, vocab)
         loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
