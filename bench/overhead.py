@@ -1,0 +1,105 @@
+"""Rewrite overhead on one host: partitioned step time over unpartitioned step time.
+
+    python bench/overhead.py                  # every tiny model, sgd, 8 logical CPUs
+    python bench/overhead.py --models=mlp --devices=4 --steps=20
+
+Each tiny reference model (graph-only, float32, batch 8) runs `--steps` timed steps after
+`--warmup` untimed ones, unpartitioned in a one-device session and partitioned in a
+session with one logical CPU per device. Logical CPUs share the host's cores and memory,
+so this measures the rewrite's overhead (more, smaller kernels and the copies between
+devices), not a speedup. Results (medians, ratio) go to bench/results/overhead.json and
+overhead.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("models", "mlp,wresnet,lstm,transformer", "comma-separated tiny models")
+flags.DEFINE_string("optimizer", "sgd", "optimizer of the steps")
+flags.DEFINE_integer("devices", 8, "logical CPU devices")
+flags.DEFINE_integer("steps", 20, "timed steps")
+flags.DEFINE_integer("warmup", 3, "untimed steps first")
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def time_steps(run, feeds, steps: int, warmup: int) -> list[float]:
+    for _ in range(warmup):
+        run(feeds)
+    seconds = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        run(feeds)
+        seconds.append(time.perf_counter() - start)
+    return seconds
+
+
+def measure(model: str) -> dict:
+    import tensorflow as tf
+    from tofu_tf.api import optimize
+    from tofu_tf.models import build
+    from tofu_tf.runtime import Runner, session_config
+    step = build(model, optimizer=FLAGS.optimizer, graph_only=True, batch_size=8)
+    feeds = dict(zip(step.feeds, step.sample_batch(0)))
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.import_graph_def(step.graph_def, name="")
+        handles = [op for op in graph.get_operations() if op.type == "VarHandleOp"]
+        reads = {op.name: tf.raw_ops.ReadVariableOp(resource=op.outputs[0],
+                                                    dtype=op.get_attr("dtype"))
+                 for op in handles}
+    with tf.compat.v1.Session(graph=graph, config=session_config(1)) as session:
+        session.run(step.init_op)
+        values = session.run(reads)
+        single = time_steps(lambda f: session.run(step.fetches, f), feeds, FLAGS.steps,
+                            FLAGS.warmup)
+    optimized = optimize(step.graph_def, step.fetches, feeds=list(step.feeds),
+                         num_devices=FLAGS.devices)
+    with Runner(optimized, values) as runner:
+        parted = time_steps(runner.run, feeds, FLAGS.steps, FLAGS.warmup)
+    return {"model": model, "devices": FLAGS.devices, "optimizer": FLAGS.optimizer,
+            "single_seconds": statistics.median(single),
+            "partitioned_seconds": statistics.median(parted),
+            "ratio": statistics.median(parted) / statistics.median(single),
+            "nodes_single": len(step.graph_def.node),
+            "nodes_partitioned": len(optimized.graph_def.node),
+            "moved_bytes": optimized.ledger.moved_bytes, "plan_bytes": optimized.plan.total_bytes}
+
+
+def main(argv) -> int:
+    del argv
+    rows = [measure(m) for m in FLAGS.models.split(",") if m]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    import numpy
+    import tensorflow as tf
+    out = {"rows": rows, "command": " ".join(sys.argv),
+           "machine": {"nproc": os.cpu_count(), "python": platform.python_version(),
+                       "tensorflow": tf.__version__, "numpy": numpy.__version__,
+                       "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS")}}
+    (RESULTS / "overhead.json").write_text(json.dumps(out, indent=1, sort_keys=True))
+    lines = ["| model | devices | unpartitioned ms | partitioned ms | ratio | nodes | "
+             "partitioned nodes |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['devices']} | {1e3 * r['single_seconds']:.2f} | "
+                     f"{1e3 * r['partitioned_seconds']:.2f} | {r['ratio']:.2f} | "
+                     f"{r['nodes_single']} | {r['nodes_partitioned']} |")
+    (RESULTS / "overhead.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    importlib.import_module("tofu_tf")       # before TensorFlow: its CPU kernel choice
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    app.run(lambda argv: sys.exit(main(argv)))
