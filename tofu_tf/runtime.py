@@ -94,3 +94,46 @@ class Runner:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class WrappedRunner:
+    """The same, through `tf.compat.v1.wrap_function` in eager mode: the shards are eager
+    tf.Variables on their devices (checkpointable), fed to the pruned graph as handles.
+    Needs the eager context to have the plan's devices (e.g. 8 logical CPUs)."""
+
+    def __init__(self, optimized, values: Mapping[str, np.ndarray]):
+        self.optimized = optimized
+        graph_def = optimized.graph_def
+        wrapped = tf.compat.v1.wrap_function(
+            lambda: tf.graph_util.import_graph_def(graph_def, name=""), [])
+        self.shards: dict[tuple[str, int], tf.Variable] = {}
+        handles = []
+        for name, shards in optimized.shards.items():
+            for shard in shards:
+                with tf.device(optimized.devices[shard.device]):
+                    variable = tf.Variable(np.asarray(values[name])[box_slices(shard.box)])
+                self.shards[(name, shard.device)] = variable
+                handles.append(wrapped.graph.get_tensor_by_name(shard.handle + ":0"))
+        feeds = [wrapped.graph.get_tensor_by_name(f) for f in optimized.feeds] + handles
+        fetches = [wrapped.graph.get_tensor_by_name(f) if ":" in f
+                   else wrapped.graph.get_operation_by_name(f) for f in optimized.fetches]
+        self._function = wrapped.prune(feeds=feeds, fetches=fetches)
+        self._handles = [self.shards[(name, s.device)].handle
+                         for name, shards in optimized.shards.items() for s in shards]
+
+    def run(self, feeds: Mapping[str, np.ndarray]):
+        inputs = [tf.constant(feeds[name]) for name in self.optimized.feeds]
+        return self._function(*inputs, *self._handles)
+
+    def values(self) -> dict[str, np.ndarray]:
+        out = {}
+        for name, shards in self.optimized.shards.items():
+            variable = self.optimized.graph.variables[name]
+            whole = None
+            for shard in shards:
+                value = self.shards[(name, shard.device)].numpy()
+                if whole is None:
+                    whole = np.zeros(variable.shape, dtype=value.dtype)
+                whole[box_slices(shard.box)] = value
+            out[name] = whole
+        return out
