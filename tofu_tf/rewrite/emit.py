@@ -24,6 +24,7 @@ Every cross-device edge is recorded in the ledger. The input GraphDef is never m
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from dataclasses import dataclass
 from typing import Mapping, Sequence
@@ -71,7 +72,8 @@ def emit(graph: Graph, graph_def: graph_pb2.GraphDef, entries: Mapping[str, OpEn
     """The partitioned GraphDef of `graph` (imported from `graph_def`) under `plan`.
     `expose`: more tensors to assemble whole on device 0, as `tofu_expose/<op>_<index>`
     (for inspecting intermediate values)."""
-    parts = partition(graph, entries, plan)
+    nodes = {node.name: node for node in graph_def.node}
+    parts = partition(graph, entries, plan, functools.partial(_result_shapes, graph, nodes))
     devices = tuple(devices or cpu_devices(parts.num_devices))
     if len(devices) != parts.num_devices:
         raise RewriteError(f"{len(devices)} device names for a plan over "
@@ -163,7 +165,8 @@ class _Emitter:
                              name=self._name(op.name + "/empty")), box)
             return None
         if op.type == "ReadVariableOp" and not self._own_shard(op.inputs[0], piece, 0):
-            value = self._resource_value(op.inputs[0], piece.inputs[0].data, d, op.name)
+            value = self._resource_value(op.inputs[0], piece.inputs[0].data, d, op.name,
+                                         self._controls(op))
             self.produced.setdefault(op.outputs[0], [None] * self.n)[d] = _Value(
                 value, piece.outputs[0].box)
             return value.op
@@ -230,17 +233,7 @@ class _Emitter:
         return controls
 
     def _attrs(self, op, node, piece: DeviceOp) -> dict:
-        attrs = {}
-        for key, value in node.attr.items():
-            if key.startswith("_"):
-                continue
-            attrs[key] = value
-        for key, value in piece.attrs.items():
-            original = op.attrs.get(key)
-            if key in op.attrs and _equal(original, value):
-                continue
-            attrs[key] = to_attr_value(node.attr[key] if key in node.attr else None, value)
-        return attrs
+        return _local_attrs(op, node, piece.attrs)
 
     def _crop(self, tensor: tf.Tensor, crop: Box) -> tf.Tensor:
         shape = tensor.shape.as_list()
@@ -440,19 +433,20 @@ class _Emitter:
         self.shards[op.name] = self.shards.get(op.name, ()) + (Shard(d, box, created.name),)
         return created
 
-    def _resource_value(self, t: str, box: Box, d: int, op: str) -> tf.Tensor:
-        """The variable's values in `box`, read from the shards that hold them."""
+    def _resource_value(self, t: str, box: Box, d: int, op: str, controls) -> tf.Tensor:
+        """The variable's values in `box`, read from the shards that hold them — after
+        the read's own control inputs (a read that follows an update sees its result)."""
         sources = []
         for e in range(self.n):
-            with self._device(e):
-                key = ("value", t, e)
-                if key not in self.stored:
-                    dtype = tf.as_dtype(self.variable_of[t].dtype)
-                    read = tf.raw_ops.ReadVariableOp(resource=self.handles[(t, e)],
-                                                     dtype=dtype, name=self._name("read"))
-                    self.reads.setdefault((t, e), []).append(read.op)
-                    self.stored[key] = _Value(read, self.parts.stored[t][e])
-                sources.append(self.stored[key])
+            key = ("value", op, t, e)
+            if key not in self.stored:
+                with self._device(e), tf.control_dependencies(controls):
+                    read = tf.raw_ops.ReadVariableOp(
+                        resource=self.handles[(t, e)],
+                        dtype=tf.as_dtype(self.variable_of[t].dtype), name=self._name("read"))
+                self.reads.setdefault((t, e), []).append(read.op)
+                self.stored[key] = _Value(read, self.parts.stored[t][e])
+            sources.append(self.stored[key])
         return self._assemble(t, box, d, sources, "fetch", op)
 
     # -- fetches ---------------------------------------------------------------------------
@@ -469,6 +463,46 @@ class _Emitter:
             value = self._assemble(fetch, full, 0, sources, "result", name)
             out = tf.identity(value, name=rename or (name if index == 0 else f"{name}_{index}"))
         return out.name
+
+
+def _result_shapes(graph: Graph, nodes, op_name: str, local, in_shapes):
+    """The shapes a local op's kernel returns (TensorFlow's shape inference on a scratch
+    graph), or None when they cannot be known here."""
+    op = graph.op(op_name)
+    if any(t in {v.handle for v in graph.variables.values()} for t in op.inputs):
+        return None
+    scratch = tf.Graph()
+    try:
+        with scratch.as_default():
+            inputs = []
+            for i, t in enumerate(op.inputs):
+                dtype = tf.as_dtype(graph.tensors[t].dtype)
+                if i in local.const_inputs:
+                    inputs.append(tf.constant(np.asarray(local.const_inputs[i]), dtype))
+                elif local.input_slices[i] is None and t in graph.constants:
+                    inputs.append(tf.constant(graph.constants[t], dtype))
+                else:
+                    inputs.append(tf.compat.v1.placeholder(dtype, in_shapes[i]))
+            attrs = _local_attrs(op, nodes[op_name], local.attrs)
+            created = scratch._create_op_internal(local.op_type, inputs, attrs=attrs)
+        shapes = [tuple(t.shape.as_list()) if t.shape.is_fully_defined() else None
+                  for t in created.outputs]
+    except (ValueError, TypeError, tf.errors.OpError):
+        return None
+    if any(s is None for s in shapes):
+        return None
+    # in-place updates (after the real outputs) keep the shape of their share
+    return shapes + [tuple(b - a for a, b in share) for share in local.output_slices[len(shapes):]]
+
+
+def _local_attrs(op, node, local_attrs) -> dict:
+    """The node's AttrValues with the local op's changed attrs applied."""
+    attrs = {key: value for key, value in node.attr.items() if not key.startswith("_")}
+    for key, value in local_attrs.items():
+        if key in op.attrs and _equal(op.attrs.get(key), value):
+            continue
+        attrs[key] = to_attr_value(node.attr[key] if key in node.attr else None, value)
+    return attrs
 
 
 def _slice(tensor: tf.Tensor, box: Box, name: str) -> tf.Tensor:

@@ -12,8 +12,8 @@ coordinate (p1, ..., pL), one part per level. Composing the levels:
   it; each level's output share composes into one global box; Partial outputs remember the
   levels at which they are partial (their reduction groups) and the reducer.
 
-A level whose local op crops its result (a VALID convolution over a halo, a pooled window)
-ends the descent: the device runs that level's local op, a superset of the deeper levels'
+A level whose local op crops its result to other than its leading block (a VALID
+convolution over a halo, a pooled window) ends the descent: the device runs that level's local op, a superset of the deeper levels'
 share, which is always sound. So does a level whose local op cannot be described, or whose
 part has no strategy with the plan's label (an uneven part too small for it).
 """
@@ -21,7 +21,7 @@ part has no strategy with the plan's label (an uneven part too small for it).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -117,7 +117,14 @@ def stored_box(shape: tuple[int, ...], states: list[OutputState], ways, coords) 
     return tuple(box)
 
 
-def partition(graph: Graph, entries: Mapping[str, OpEntry], plan: Plan) -> Partition:
+ResultShapes = Callable[[str, LocalOp, list], "list[tuple[int, ...]] | None"]
+
+
+def partition(graph: Graph, entries: Mapping[str, OpEntry], plan: Plan,
+              result_shapes: ResultShapes | None = None) -> Partition:
+    """`result_shapes(op, local op, local input shapes)`: the shapes the local kernel
+    really returns (before its crop), from the caller's shape inference; with it, a level
+    that crops its result still hands its local op to the next level."""
     ways = tuple(level.ways for level in plan.levels)
     n = int(np.prod(ways))
     coords = [_coords(d, ways) for d in range(n)]
@@ -138,7 +145,7 @@ def partition(graph: Graph, entries: Mapping[str, OpEntry], plan: Plan) -> Parti
                   [graph.tensors[t].dtype for t in op.outputs])
         ops[op.name] = tuple(
             device_op(entry.semantics, entry.strategies, labels, ways, coords[d], d, memo,
-                      dtypes) for d in range(n))
+                      dtypes, result_shapes) for d in range(n))
     return Partition(ways, stored, ops)
 
 
@@ -158,7 +165,8 @@ def _find(strategies, label: str) -> Strategy | None:
 
 
 def device_op(sem: Semantics, strategies, labels, ways, coords, device: int,
-              memo: SemanticsMemo, dtypes) -> DeviceOp:
+              memo: SemanticsMemo, dtypes, result_shapes: ResultShapes | None = None
+              ) -> DeviceOp:
     """The composite local op of one device (see the module docstring)."""
     name = sem.op_name
     n_in, n_out = len(sem.input_shapes), len(sem.output_shapes)
@@ -203,10 +211,19 @@ def device_op(sem: Semantics, strategies, labels, ways, coords, device: int,
             if strategy is not None and strategy.outputs[o].kind == "partial":
                 partial[o].append(level)
                 reducer[o] = strategy.outputs[o].reducer
-        last = level + 1 == len(ways)
-        if last or any(c is not None for c in local.output_crops):
+        if level + 1 == len(ways):
             break
-        described = _describe(sem, local, memo, dtypes)
+        out_shapes = [tuple(b - a for a, b in share) for share in local.output_slices]
+        if not all(_leading(c, share) for c, share in
+                   zip(local.output_crops, local.output_slices)):
+            in_shapes = [local.local_input_shape(i) or shape
+                         for i, shape in enumerate(sem.input_shapes)]
+            out_shapes = result_shapes(name, local, in_shapes) if result_shapes else None
+            if out_shapes is None:
+                break
+            # The next level splits the kernel's whole result (out_origin maps its
+            # coordinates to the tensor's); the window keeps this level's crop.
+        described = _describe(sem, local, memo, dtypes, out_shapes)
         if described is None:
             break
         sem, strategies = described
@@ -227,6 +244,12 @@ def device_op(sem: Semantics, strategies, labels, ways, coords, device: int,
                     dict(local.const_inputs), tuple(inputs), tuple(outputs), depth)
 
 
+def _leading(crop: Box | None, share: Box) -> bool:
+    """Whether a crop keeps the result's leading share-sized block (or there is none): the
+    local op is then described with the share's shape, as the search did."""
+    return crop is None or all(c == (0, b - a) for c, (a, b) in zip(crop, share))
+
+
 def _localize(sem: Semantics, strategy: Strategy | None, k: int, p: int) -> LocalOp:
     if sem.is_opaque:
         return LocalOp(sem.op_type, dict(sem.attrs),
@@ -238,13 +261,12 @@ def _localize(sem: Semantics, strategy: Strategy | None, k: int, p: int) -> Loca
     return localize(sem, strategy, k, p)
 
 
-def _describe(sem: Semantics, local: LocalOp, memo: SemanticsMemo, dtypes):
+def _describe(sem: Semantics, local: LocalOp, memo: SemanticsMemo, dtypes, out_shapes):
     """(semantics, strategies) of a part's local op, or None if it cannot be described."""
     if sem.is_opaque:
         return None
     in_shapes = [local.local_input_shape(i) or shape
                  for i, shape in enumerate(sem.input_shapes)]
-    out_shapes = [tuple(b - a for a, b in share) for share in local.output_slices]
     n_real = sem.num_outputs if sem.num_outputs is not None else len(out_shapes)
     in_dtypes, out_dtypes = dtypes
     constants = {**sem.constants, **local.const_inputs}
