@@ -6,6 +6,13 @@ import enum
 from dataclasses import dataclass
 
 
+class Collectives(enum.Enum):
+    """How the emitted graph combines partial results across devices."""
+    AUTO = "auto"                # V2 collectives (NCCL hint) on GPUs, edges on CPUs
+    EDGES = "edges"              # slices and sums over plain cross-device edges (Send/Recv)
+    V2 = "v2"                    # CollectiveReduceV2 all-reduce where the result is replicated
+
+
 class VariableStorage(enum.Enum):
     """How the search may store variables (with their gradients and optimizer slots)."""
     AUTO = "auto"                # solve under both policies below, keep the cheaper plan
@@ -25,3 +32,5 @@ class Options:
     max_dp_table: int = 2 ** 22
     # States kept per variable by that fallback.
     dp_beam: int = 2
+    # How partial results are combined in the emitted graph.
+    collectives: Collectives = Collectives.AUTO

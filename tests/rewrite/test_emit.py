@@ -94,3 +94,30 @@ def test_runs_through_wrap_function():
     got = runner.values()
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-9, atol=1e-12)
+
+
+V2_SCRIPT = """
+import sys
+sys.path.insert(0, {here!r})
+import tofu_tf
+from tofu_tf.options import Collectives, Options, VariableStorage
+from equivalence import compare
+optimized = compare("transformer", "momentum", num_devices=8, dtype="float64",
+                    options=Options(collectives=Collectives.V2,
+                                    variable_storage=VariableStorage.REPLICABLE))
+print("collectives", sum(n.op == "CollectiveReduceV2" for n in optimized.graph_def.node))
+"""
+
+
+def test_v2_collectives():
+    """Replicated partial results through CollectiveReduceV2 (the GPU path, NCCL hint
+    there; ring on CPUs). In a subprocess: a hung collective must not hang the suite."""
+    import os
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run([sys.executable, "-c", V2_SCRIPT.format(here=here)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    count = int(proc.stdout.strip().splitlines()[-1].split()[-1])
+    assert count >= 8

@@ -74,6 +74,7 @@ def test_keras_resnet50_matches():
     reference = build_keras_step("resnet50", batch_size=8, image_size=64, dtype="float64")
     mine = build_keras_step("resnet50", batch_size=8, image_size=64, dtype="float64")
     x, y = reference.inputs
+    assert {w.dtype for w in mine.model.weights} == {"float64"}
     partitioned = tofu_tf.function(mine.step, num_devices=8)
     for _ in range(3):
         np.testing.assert_allclose(partitioned(x, y).numpy(), reference.step(x, y).numpy(),

@@ -83,13 +83,17 @@ def build_keras_step(name: str, *, batch_size: int = 2, image_size: int = 32,
         raise TofuError(f"unknown Keras model '{name}'; choose one of {', '.join(KERAS_MODELS)}.")
     keras.utils.set_random_seed(seed)
     rng = np.random.default_rng(seed)
-    previous = keras.config.floatx()
+    # Layers take the global dtype policy, which Keras fixes from floatx on first use:
+    # set both, and put both back.
+    previous, policy = keras.config.floatx(), keras.config.dtype_policy()
     keras.config.set_floatx(dtype)
+    keras.config.set_dtype_policy(dtype)
     try:
         return _build_keras_step(name, batch_size, image_size, classes, seq_len, hidden,
                                  vocab, rng, dtype)
     finally:
         keras.config.set_floatx(previous)
+        keras.config.set_dtype_policy(policy)
 
 
 def _build_keras_step(name, batch_size, image_size, classes, seq_len, hidden, vocab, rng,

@@ -36,6 +36,7 @@ from tensorflow.core.framework import attr_value_pb2, graph_pb2
 from tofu_tf.errors import RewriteError
 from tofu_tf.graph import DTYPE_SIZES, Graph, split_tensor_name
 from tofu_tf.op_semantics.catalog import OpEntry
+from tofu_tf.options import Collectives
 from tofu_tf.rewrite import collectives
 from tofu_tf.rewrite.ledger import Ledger
 from tofu_tf.rewrite.partition import Box, DeviceOp, Partition, partition
@@ -68,10 +69,11 @@ def cpu_devices(n: int) -> tuple[str, ...]:
 
 def emit(graph: Graph, graph_def: graph_pb2.GraphDef, entries: Mapping[str, OpEntry],
          plan: Plan, *, devices: Sequence[str] | None = None,
-         feeds: Sequence[str] = (), expose: Sequence[str] = ()) -> Emitted:
+         feeds: Sequence[str] = (), expose: Sequence[str] = (),
+         collectives_mode: Collectives = Collectives.AUTO) -> Emitted:
     """The partitioned GraphDef of `graph` (imported from `graph_def`) under `plan`.
     `expose`: more tensors to assemble whole on device 0, as `tofu_expose/<op>_<index>`
-    (for inspecting intermediate values)."""
+    (for inspecting intermediate values). `collectives_mode`: see Options.collectives."""
     nodes = {node.name: node for node in graph_def.node}
     parts = partition(graph, entries, plan, functools.partial(_result_shapes, graph, nodes))
     devices = tuple(devices or cpu_devices(parts.num_devices))
@@ -79,7 +81,8 @@ def emit(graph: Graph, graph_def: graph_pb2.GraphDef, entries: Mapping[str, OpEn
         raise RewriteError(f"{len(devices)} device names for a plan over "
                            f"{parts.num_devices} devices.",
                            fix="pass one device name per device of the plan.")
-    return _Emitter(graph, graph_def, entries, parts, devices, feeds, plan).run(expose)
+    return _Emitter(graph, graph_def, entries, parts, devices, feeds, plan,
+                    collectives_mode).run(expose)
 
 
 @dataclass
@@ -91,10 +94,17 @@ class _Value:
 
 class _Emitter:
     def __init__(self, graph: Graph, graph_def, entries, parts: Partition, devices, feeds,
-                 plan: Plan):
+                 plan: Plan, collectives_mode: Collectives = Collectives.AUTO):
         self.graph, self.entries, self.parts, self.devices = graph, entries, parts, devices
         self.plan = plan
         self.reduced: dict[str, dict] = {}                       # tensor -> reduce_all
+        on_gpus = any("GPU" in name.upper() for name in devices)
+        self.use_v2 = collectives_mode is Collectives.V2 or (
+            collectives_mode is Collectives.AUTO and on_gpus)
+        self.communication_hint = "nccl" if on_gpus else "auto"
+        self._group_keys: dict[tuple[int, ...], int] = {}
+        self._instances = itertools.count(1)
+        self.collective_ops: list[tf.Operation] = []
         self.feeds = tuple(feeds)
         self.nodes = {node.name: node for node in graph_def.node}
         self.out = tf.Graph()
@@ -120,9 +130,12 @@ class _Emitter:
                 else:
                     raise RewriteError("the op has no description to partition.",
                                        node=op.name, op_type=op.type)
-            fetches = [self._emit_fetch(f) for f in self.graph.fetches]
-            for t in expose:
-                self._emit_fetch(t, "tofu_expose/" + t.replace(":", "_"))
+            # Every collective's members must run, or the others wait forever: the fetches
+            # wait for all of them (a member whose result nobody reads included).
+            with tf.control_dependencies(self.collective_ops):
+                fetches = [self._emit_fetch(f) for f in self.graph.fetches]
+                for t in expose:
+                    self._emit_fetch(t, "tofu_expose/" + t.replace(":", "_"))
         return Emitted(self.out.as_graph_def(add_shapes=True), self.parts, self.ledger,
                        self.shards, self.devices, tuple(fetches), self.feeds)
 
@@ -380,6 +393,14 @@ class _Emitter:
         pieces = [(e, _Value(tensor, piece)) for e, held in self.reduced[t].items()
                   for piece, tensor in held.items()]
         return self._assemble_pieces(t, box, d, pieces, "convert", op)
+
+    def collective_keys(self, group: Sequence[int]) -> tuple[int, int]:
+        """(group key, a fresh instance key) for a collective over `group`."""
+        group_key = self._group_keys.setdefault(tuple(group), len(self._group_keys) + 1)
+        return group_key, next(self._instances)
+
+    def itemsize(self, t: str) -> int:
+        return DTYPE_SIZES.get(self.graph.tensors[t].dtype, 4)
 
     def plan_states(self, t: str) -> list[str]:
         return [self.plan.state(level, t) for level in range(len(self.plan.levels))]

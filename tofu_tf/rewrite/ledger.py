@@ -32,6 +32,7 @@ class Transfer:
     dst: int
     bytes: int
     shared: bool = False       # served by an earlier identical transfer: moves nothing
+    collective: bool = False   # this member's share of a collective (no graph edge)
 
 
 @dataclass
@@ -39,9 +40,10 @@ class Ledger:
     transfers: list[Transfer] = field(default_factory=list)
 
     def add(self, kind: str, tensor: str, op: str, src: int, dst: int, num_bytes: int,
-            shared: bool = False) -> None:
+            shared: bool = False, collective: bool = False) -> None:
         if src != dst and num_bytes > 0:
-            self.transfers.append(Transfer(kind, tensor, op, src, dst, int(num_bytes), shared))
+            self.transfers.append(Transfer(kind, tensor, op, src, dst, int(num_bytes), shared,
+                                           collective))
 
     def total(self, kinds=None) -> int:
         return sum(t.bytes for t in self.transfers if kinds is None or t.kind in kinds)
@@ -50,6 +52,11 @@ class Ledger:
     def moved_bytes(self) -> int:
         """Bytes that really cross devices (shared entries move nothing)."""
         return sum(t.bytes for t in self.transfers if not t.shared)
+
+    @property
+    def edge_bytes(self) -> int:
+        """Bytes on plain cross-device edges (collectives move theirs inside the op)."""
+        return sum(t.bytes for t in self.transfers if not t.shared and not t.collective)
 
     @property
     def step_bytes(self) -> int:

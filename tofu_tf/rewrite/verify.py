@@ -42,9 +42,9 @@ def verify(emitted, graph: Graph) -> None:
             raise RewriteError("a fetch is missing from the emitted graph.", node=fetch)
     _check_collectives(gd)
     edges = cross_device_bytes(gd)
-    if edges != emitted.ledger.moved_bytes:
+    if edges != emitted.ledger.edge_bytes:
         raise RewriteError(f"the graph moves {edges} bytes across devices, the ledger "
-                           f"records {emitted.ledger.moved_bytes}.",
+                           f"records {emitted.ledger.edge_bytes}.",
                            fix="every cross-device edge must be recorded once.")
 
 
