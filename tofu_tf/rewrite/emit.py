@@ -120,6 +120,7 @@ class _Emitter:
         self.names = itertools.count()
         self.variable_of = {v.handle: v for v in graph.variables.values()}
         self.sent: set[tuple[str, int]] = set()          # (tensor in the graph, device)
+        self.fed: dict[str, _Value] = {}                  # placeholder tensor -> whole feed
 
     # -- driver ----------------------------------------------------------------------------
     def run(self, expose: Sequence[str] = ()) -> Emitted:
@@ -164,7 +165,7 @@ class _Emitter:
 
     def _emit_piece(self, op, node, piece: DeviceOp) -> tf.Operation | None:
         d = piece.device
-        if op.type in ("Placeholder",):
+        if op.type == "Placeholder":
             return self._emit_feed(op, node, piece)
         if op.type == "VarHandleOp":
             return self._emit_handle(op, node, piece)
@@ -407,19 +408,19 @@ class _Emitter:
 
     # -- sources and variables -------------------------------------------------------------
     def _emit_feed(self, op, node, piece: DeviceOp):
+        """The fed placeholder keeps its name on device 0; each device gets its share."""
         t = op.outputs[0]
-        if t not in self.produced:
+        if t not in self.fed:
             with self._device(0):
                 attrs = {k: v for k, v in node.attr.items() if not k.startswith("_")}
                 whole = self.out._create_op_internal("Placeholder", [], name=op.name,
                                                      attrs=attrs)
-            self.feed_op = whole
             self.produced[t] = [None] * self.n
-            self._whole_feed = _Value(whole.outputs[0],
-                                      tuple((0, n) for n in self.graph.tensors[t].shape))
+            self.fed[t] = _Value(whole.outputs[0],
+                                 tuple((0, n) for n in self.graph.tensors[t].shape))
         out = piece.outputs[0]
         with self._device(0):
-            value = self._cut(self._whole_feed, out.box)
+            value = self._cut(self.fed[t], out.box)
         self.send("feed", t, op.name, value, 0, piece.device, out.box)
         self.produced[t][piece.device] = _Value(tf.identity(value, name=self._name(op.name))
                                                 if piece.device else value, out.box)

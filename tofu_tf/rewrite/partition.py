@@ -13,7 +13,9 @@ coordinate (p1, ..., pL), one part per level. Composing the levels:
   levels at which they are partial (their reduction groups) and the reducer.
 
 A level whose local op crops its result to other than its leading block (a VALID
-convolution over a halo, a pooled window) ends the descent: the device runs that level's local op, a superset of the deeper levels'
+convolution over a halo, a pooled window) is re-described with the kernel's real result
+shapes (the caller's shape inference); the crop stays in the window. Without them the
+descent ends there: the device runs that level's local op, a superset of the deeper levels'
 share, which is always sound. So does a level whose local op cannot be described, or whose
 part has no strategy with the plan's label (an uneven part too small for it).
 """
