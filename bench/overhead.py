@@ -46,24 +46,14 @@ def time_steps(run, feeds, steps: int, warmup: int) -> list[float]:
 
 
 def measure(model: str) -> dict:
-    import tensorflow as tf
     from tofu_tf.api import optimize
     from tofu_tf.models import build
-    from tofu_tf.runtime import Runner, session_config
+    from tofu_tf.runtime import Runner, SingleDevice
     step = build(model, optimizer=FLAGS.optimizer, graph_only=True, batch_size=8)
     feeds = dict(zip(step.feeds, step.sample_batch(0)))
-    graph = tf.Graph()
-    with graph.as_default():
-        tf.compat.v1.import_graph_def(step.graph_def, name="")
-        handles = [op for op in graph.get_operations() if op.type == "VarHandleOp"]
-        reads = {op.name: tf.raw_ops.ReadVariableOp(resource=op.outputs[0],
-                                                    dtype=op.get_attr("dtype"))
-                 for op in handles}
-    with tf.compat.v1.Session(graph=graph, config=session_config(1)) as session:
-        session.run(step.init_op)
-        values = session.run(reads)
-        single = time_steps(lambda f: session.run(step.fetches, f), feeds, FLAGS.steps,
-                            FLAGS.warmup)
+    with SingleDevice(step.graph_def, step.init_op, step.fetches) as single_device:
+        values = single_device.values()
+        single = time_steps(single_device.run, feeds, FLAGS.steps, FLAGS.warmup)
     optimized = optimize(step.graph_def, step.fetches, feeds=list(step.feeds),
                          num_devices=FLAGS.devices)
     with Runner(optimized, values) as runner:

@@ -31,6 +31,37 @@ def box_slices(box) -> tuple[slice, ...]:
     return tuple(slice(a, b) for a, b in box)
 
 
+class SingleDevice:
+    """An unpartitioned graph-only step in a one-device v1 Session, initialised by its
+    `init_op`; `values()` reads every variable (by VarHandleOp name)."""
+
+    def __init__(self, graph_def, init_op: str, fetches):
+        self.graph = tf.Graph()
+        with self.graph.as_default():
+            tf.compat.v1.import_graph_def(graph_def, name="")
+            self._reads = {op.name: tf.raw_ops.ReadVariableOp(resource=op.outputs[0],
+                                                              dtype=op.get_attr("dtype"))
+                           for op in self.graph.get_operations() if op.type == "VarHandleOp"}
+        self.fetches = list(fetches)
+        self.session = tf.compat.v1.Session(graph=self.graph, config=session_config(1))
+        self.session.run(init_op)
+
+    def run(self, feeds: Mapping[str, np.ndarray]):
+        return self.session.run(self.fetches, dict(feeds))
+
+    def values(self) -> dict[str, np.ndarray]:
+        return self.session.run(self._reads)
+
+    def close(self) -> None:
+        self.session.close()
+
+    def __enter__(self) -> "SingleDevice":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 class Runner:
     def __init__(self, optimized, values: Mapping[str, np.ndarray], *,
                  config: config_pb2.ConfigProto | None = None, target: str = ""):

@@ -3,31 +3,20 @@
 from __future__ import annotations
 
 import numpy as np
-import tensorflow as tf
 
 from tofu_tf.api import optimize
 from tofu_tf.models import build
-from tofu_tf.runtime import Runner, session_config
+from tofu_tf.runtime import Runner, SingleDevice
 
 RTOL, ATOL = 1e-5, 1e-6
 
 
 def reference(step, batches):
     """(initial values, losses, final values) of the unpartitioned graph on one device."""
-    graph = tf.Graph()
-    with graph.as_default():
-        tf.compat.v1.import_graph_def(step.graph_def, name="")
-        handles = [op for op in graph.get_operations() if op.type == "VarHandleOp"]
-        reads = {op.name: tf.raw_ops.ReadVariableOp(resource=op.outputs[0],
-                                                    dtype=op.get_attr("dtype"))
-                 for op in handles}
-    with tf.compat.v1.Session(graph=graph, config=session_config(1)) as session:
-        session.run(step.init_op)
-        initial = session.run(reads)
-        losses = [session.run(step.fetches, dict(zip(step.feeds, batch)))[0]
-                  for batch in batches]
-        final = session.run(reads)
-    return initial, losses, final
+    with SingleDevice(step.graph_def, step.init_op, step.fetches) as single:
+        initial = single.values()
+        losses = [single.run(dict(zip(step.feeds, batch)))[0] for batch in batches]
+        return initial, losses, single.values()
 
 
 def partitioned(step, batches, initial, **kwargs):

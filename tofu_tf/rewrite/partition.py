@@ -35,6 +35,7 @@ from tofu_tf.op_semantics.localize import LocalOp, localize
 from tofu_tf.op_semantics.memo import SemanticsMemo
 from tofu_tf.op_semantics.registry import Semantics
 from tofu_tf.search.plan import Plan
+from tofu_tf.search.topology import coordinates
 
 Box = tuple[tuple[int, int], ...]          # half-open [start, stop) per dim, global coords
 REPLICATE = "replicate"
@@ -86,11 +87,7 @@ class Partition:
             np.prod(self.ways))
 
     def coordinates(self, device: int) -> tuple[int, ...]:
-        coords = []
-        for ways in reversed(self.ways):
-            device, p = divmod(device, ways)
-            coords.append(p)
-        return tuple(reversed(coords))
+        return coordinates(device, self.ways)
 
     def group(self, device: int, levels: tuple[int, ...]) -> tuple[int, ...]:
         """Devices equal to `device` outside `levels` (its reduction group), in order."""
@@ -129,7 +126,7 @@ def partition(graph: Graph, entries: Mapping[str, OpEntry], plan: Plan,
     that crops its result still hands its local op to the next level."""
     ways = tuple(level.ways for level in plan.levels)
     n = int(np.prod(ways))
-    coords = [_coords(d, ways) for d in range(n)]
+    coords = [coordinates(d, ways) for d in range(n)]
     stored = {}
     for name, tensor in graph.tensors.items():
         if name not in plan.groups:
@@ -149,14 +146,6 @@ def partition(graph: Graph, entries: Mapping[str, OpEntry], plan: Plan,
             device_op(entry.semantics, entry.strategies, labels, ways, coords[d], d, memo,
                       dtypes, result_shapes) for d in range(n))
     return Partition(ways, stored, ops)
-
-
-def _coords(device: int, ways) -> tuple[int, ...]:
-    out = []
-    for k in reversed(ways):
-        device, p = divmod(device, k)
-        out.append(p)
-    return tuple(reversed(out))
 
 
 def _find(strategies, label: str) -> Strategy | None:

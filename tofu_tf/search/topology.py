@@ -48,6 +48,15 @@ def prime_factors(n: int) -> list[int]:
     return factors
 
 
+def coordinates(device: int, ways: tuple[int, ...]) -> tuple[int, ...]:
+    """(p1, p2, ...) of a device index over levels of `ways`, p1 most significant."""
+    coords = []
+    for k in reversed(ways):
+        device, p = divmod(device, k)
+        coords.append(p)
+    return tuple(reversed(coords))
+
+
 @dataclass(frozen=True)
 class Topology:
     levels: tuple[Level, ...]
@@ -94,11 +103,7 @@ class Topology:
 
     def coordinates(self, device: int) -> tuple[int, ...]:
         """(p1, p2, ...) of a device index, p1 most significant."""
-        coords = []
-        for ways in reversed(self.ways):
-            device, p = divmod(device, ways)
-            coords.append(p)
-        return tuple(reversed(coords))
+        return coordinates(device, self.ways)
 
     def device(self, coordinates: tuple[int, ...]) -> int:
         index = 0
