@@ -294,7 +294,12 @@ class _Emitter:
             p0 or p1 for p0, p1 in read.pads)
 
     def _read(self, t: str, box: Box, d: int, op: str) -> tf.Tensor:
-        """The region `box` of tensor t on device d, from the devices storing it."""
+        """The region `box` of tensor t on device d, from the devices storing it (only
+        d's own stored box is materialised when it holds the region)."""
+        if _contains(self.parts.stored[t][d], box):
+            own = self._stored(t, d, op)
+            with self._device(d):
+                return self._cut(own, box)
         sources = [self._stored(t, e, op) for e in range(self.n)]
         return self._assemble(t, box, d, sources, "fetch", op)
 
