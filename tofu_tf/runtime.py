@@ -31,7 +31,21 @@ def box_slices(box) -> tuple[slice, ...]:
     return tuple(slice(a, b) for a, b in box)
 
 
-class SingleDevice:
+class _SessionOwner:
+    """Closes its session; usable as a context manager."""
+    session: tf.compat.v1.Session
+
+    def close(self) -> None:
+        self.session.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class SingleDevice(_SessionOwner):
     """An unpartitioned graph-only step in a one-device v1 Session, initialised by its
     `init_op`; `values()` reads every variable (by VarHandleOp name)."""
 
@@ -52,17 +66,8 @@ class SingleDevice:
     def values(self) -> dict[str, np.ndarray]:
         return self.session.run(self._reads)
 
-    def close(self) -> None:
-        self.session.close()
 
-    def __enter__(self) -> "SingleDevice":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-class Runner:
+class Runner(_SessionOwner):
     def __init__(self, optimized, values: Mapping[str, np.ndarray], *,
                  config: config_pb2.ConfigProto | None = None, target: str = ""):
         missing = sorted(set(optimized.shards) - set(values))
@@ -116,15 +121,6 @@ class Runner:
                 whole[box_slices(box)] = value
             out[name] = whole
         return out
-
-    def close(self) -> None:
-        self.session.close()
-
-    def __enter__(self) -> "Runner":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 class WrappedRunner:

@@ -161,16 +161,12 @@ def _unwritten(inst) -> set[int]:
     """Outputs TensorFlow's own kernel leaves unwritten (their buffers hold whatever was
     there, which two runs may or may not reproduce): the reserve spaces of an inference
     FusedBatchNorm."""
-    attrs = python_attrs_of(inst)
+    from tofu_tf.rewrite.tf_attrs import python_attrs
+    attrs = python_attrs(inst.node_def)
     if inst.op_type.startswith("FusedBatchNorm") and "Grad" not in inst.op_type and \
             not attrs.get("is_training", True):
         return {3, 4}
     return set()
-
-
-def python_attrs_of(inst) -> dict:
-    from tofu_tf.rewrite.tf_attrs import python_attrs
-    return python_attrs(inst.node_def)
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:

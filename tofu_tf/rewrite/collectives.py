@@ -25,6 +25,7 @@ import tensorflow as tf
 from tofu_tf.errors import RewriteError
 from tofu_tf.op_semantics.analysis import part_range
 from tofu_tf.rewrite.partition import Box, parse_state
+from tofu_tf.search.cost import box_volume
 
 
 def reduce_all(em, t: str, op: str) -> dict[int, dict[Box, tf.Tensor]]:
@@ -104,17 +105,10 @@ def _all_reduce_v2(em, t: str, op: str, levels, reducer: str) -> dict[int, dict]
             em.collective_ops.append(reduced.op)
             size = len(group)
             em.ledger.add("reduce", t, op, group[(group.index(m) - 1) % size], m,
-                          2 * (size - 1) * _volume(value.box) * em.itemsize(t) // size,
+                          2 * (size - 1) * box_volume(value.box) * em.itemsize(t) // size,
                           collective=True)
             held[m] = {value.box: reduced}
     return held
-
-
-def _volume(box: Box) -> int:
-    out = 1
-    for a, b in box:
-        out *= b - a
-    return out
 
 
 def _target(box: Box, levels, states, coords, ways) -> Box | None:

@@ -41,6 +41,7 @@ from tofu_tf.rewrite import collectives
 from tofu_tf.rewrite.ledger import Ledger
 from tofu_tf.rewrite.partition import Box, DeviceOp, Partition, partition
 from tofu_tf.rewrite.tf_attrs import to_attr_value
+from tofu_tf.search.cost import box_volume
 from tofu_tf.search.plan import Plan
 
 
@@ -75,7 +76,9 @@ def emit(graph: Graph, graph_def: graph_pb2.GraphDef, entries: Mapping[str, OpEn
     `expose`: more tensors to assemble whole on device 0, as `tofu_expose/<op>_<index>`
     (for inspecting intermediate values). `collectives_mode`: see Options.collectives."""
     nodes = {node.name: node for node in graph_def.node}
-    parts = partition(graph, entries, plan, functools.partial(_result_shapes, graph, nodes))
+    handles = frozenset(v.handle for v in graph.variables.values())
+    parts = partition(graph, entries, plan,
+                      functools.partial(_result_shapes, graph, nodes, handles))
     devices = tuple(devices or cpu_devices(parts.num_devices))
     if len(devices) != parts.num_devices:
         raise RewriteError(f"{len(devices)} device names for a plan over "
@@ -192,7 +195,7 @@ class _Emitter:
         inputs = []
         for i, t in enumerate(op.inputs):
             inputs.append(self._input(op, piece, i, t))
-        attrs = self._attrs(op, node, piece)
+        attrs = _local_attrs(op, node, piece.attrs)
         with tf.control_dependencies(self._controls(op) + self._update_controls(op, piece)):
             created = self.out._create_op_internal(piece.op_type, inputs, name=self._name(op.name),
                                                    attrs=attrs)
@@ -245,9 +248,6 @@ class _Emitter:
         for c in sem.updates:
             controls += self.reads.get((op.inputs[c.alias], piece.device), [])
         return controls
-
-    def _attrs(self, op, node, piece: DeviceOp) -> dict:
-        return _local_attrs(op, node, piece.attrs)
 
     def _crop(self, tensor: tf.Tensor, crop: Box) -> tf.Tensor:
         shape = tensor.shape.as_list()
@@ -492,11 +492,11 @@ class _Emitter:
         return out.name
 
 
-def _result_shapes(graph: Graph, nodes, op_name: str, local, in_shapes):
+def _result_shapes(graph: Graph, nodes, handles, op_name: str, local, in_shapes):
     """The shapes a local op's kernel returns (TensorFlow's shape inference on a scratch
-    graph), or None when they cannot be known here."""
+    graph), or None when they cannot be known here (ops on variable handles)."""
     op = graph.op(op_name)
-    if any(t in {v.handle for v in graph.variables.values()} for t in op.inputs):
+    if any(t in handles for t in op.inputs):
         return None
     scratch = tf.Graph()
     try:
@@ -554,7 +554,7 @@ def _prefix(a, b) -> int:
 
 
 def _bytes(box: Box, dtype: str) -> int:
-    return int(np.prod([b - a for a, b in box], dtype=np.int64)) * DTYPE_SIZES.get(dtype, 4)
+    return box_volume(box) * DTYPE_SIZES.get(dtype, 4)
 
 
 def _equal(a, b) -> bool:

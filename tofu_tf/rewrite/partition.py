@@ -22,6 +22,7 @@ part has no strategy with the plan's label (an uneven part too small for it).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -34,10 +35,11 @@ from tofu_tf.op_semantics.catalog import OpEntry
 from tofu_tf.op_semantics.localize import LocalOp, localize
 from tofu_tf.op_semantics.memo import SemanticsMemo
 from tofu_tf.op_semantics.registry import Semantics
+from tofu_tf.search.cost import Box        # half-open [start, stop) per dim, global coords
 from tofu_tf.search.plan import Plan
+from tofu_tf.search.problem import opaque_local
 from tofu_tf.search.topology import coordinates
 
-Box = tuple[tuple[int, int], ...]          # half-open [start, stop) per dim, global coords
 REPLICATE = "replicate"
 
 
@@ -83,8 +85,7 @@ class Partition:
 
     @property
     def num_devices(self) -> int:
-        return len(next(iter(self.stored.values()))) if self.stored else int(
-            np.prod(self.ways))
+        return math.prod(self.ways)
 
     def coordinates(self, device: int) -> tuple[int, ...]:
         return coordinates(device, self.ways)
@@ -242,14 +243,7 @@ def _leading(crop: Box | None, share: Box) -> bool:
 
 
 def _localize(sem: Semantics, strategy: Strategy | None, k: int, p: int) -> LocalOp:
-    if sem.is_opaque:
-        return LocalOp(sem.op_type, dict(sem.attrs),
-                       tuple(tuple((0, n) for n in s) for s in sem.input_shapes),
-                       tuple(tuple((0, 0) for _ in s) for s in sem.input_shapes),
-                       (None,) * len(sem.input_shapes), {},
-                       tuple(tuple((0, n) for n in s) for s in sem.output_shapes),
-                       (None,) * len(sem.output_shapes), (1.0,) * len(sem.output_shapes))
-    return localize(sem, strategy, k, p)
+    return opaque_local(sem) if sem.is_opaque else localize(sem, strategy, k, p)
 
 
 def _describe(sem: Semantics, local: LocalOp, memo: SemanticsMemo, dtypes, out_shapes):

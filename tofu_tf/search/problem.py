@@ -25,8 +25,8 @@ from tofu_tf.op_semantics.analysis import REPLICATED, OutputState, Strategy
 from tofu_tf.op_semantics.localize import LocalOp, localize
 from tofu_tf.op_semantics.memo import SemanticsMemo
 from tofu_tf.op_semantics.registry import Semantics
-from tofu_tf.search.cost import (ALL_REDUCE_FACTOR, REDUCE_SCATTER_FACTOR, Box, overlaps,
-                                 tensor_states)
+from tofu_tf.search.cost import (ALL_REDUCE_FACTOR, REDUCE_SCATTER_FACTOR, Box, box_volume,
+                                 overlaps, tensor_states)
 
 REPLICATE = "replicate"
 
@@ -137,14 +137,14 @@ def _local_input_box(local: LocalOp, index: int) -> Box | None:
     return local.input_slices[index]
 
 
-def _opaque_local(op: ProblemOp) -> LocalOp:
+def opaque_local(sem: Semantics) -> LocalOp:
     """An opaque op runs whole on every part: it reads every input entirely."""
-    n_in, n_out = len(op.sem.input_shapes), len(op.sem.output_shapes)
-    return LocalOp(op.sem.op_type, dict(op.sem.attrs),
-                   tuple(tuple((0, n) for n in shape) for shape in op.sem.input_shapes),
-                   tuple(tuple((0, 0) for _ in shape) for shape in op.sem.input_shapes),
+    n_in, n_out = len(sem.input_shapes), len(sem.output_shapes)
+    return LocalOp(sem.op_type, dict(sem.attrs),
+                   tuple(tuple((0, n) for n in shape) for shape in sem.input_shapes),
+                   tuple(tuple((0, 0) for _ in shape) for shape in sem.input_shapes),
                    (None,) * n_in, {}, tuple(tuple((0, n) for n in shape)
-                                             for shape in op.sem.output_shapes),
+                                             for shape in sem.output_shapes),
                    (None,) * n_out, (1.0,) * n_out)
 
 
@@ -152,7 +152,7 @@ def _parts(problem: Problem, op: ProblemOp, strategy: Strategy | None) -> list[L
     """The k local ops of a strategy (shared by ops of one signature)."""
     k = problem.k
     if op.sem.is_opaque:
-        return [_opaque_local(op)] * k
+        return [opaque_local(op.sem)] * k
     key = None if op.key is None else (op.key, None if strategy is None else
                                        (strategy.kind, strategy.var), k)
     parts = problem.cache.parts.get(key) if key is not None else None
@@ -195,8 +195,8 @@ def fetch_extra(needs, window: Box | None, shape) -> int:
     window only) beyond the one copy of the window's outside an outer level delivered."""
     if window is None:
         return 0
-    return (sum(_volume(b) - _volume(_clip(b, shape)) for b in needs)
-            - (_volume(window) - _volume(_clip(window, shape))))
+    return (sum(box_volume(b) - box_volume(_clip(b, shape)) for b in needs)
+            - (box_volume(window) - box_volume(_clip(window, shape))))
 
 
 def _whole(shape) -> Box:
@@ -210,10 +210,6 @@ def _clip(box: Box, shape) -> Box:
         a = min(max(a, 0), n)
         out.append((a, max(a, min(b, n))))
     return tuple(out)
-
-
-def _volume(box: Box) -> int:
-    return int(np.prod([b - a for a, b in box], dtype=np.int64))
 
 
 def output_spec(problem: Problem, op: ProblemOp, index: int) -> TensorSpec:
@@ -376,10 +372,10 @@ def _pending_entries(problem, op, choice, batch, rank) -> list[tuple]:
         elif state.kind == "split":
             entries.append(("convert", ("out", o), spec, dom_index,
                             (batch.add(choice.output_boxes[o], spec.shape, rank),
-                             _volume(_whole(spec.shape)) - _volume(domain))))
+                             box_volume(_whole(spec.shape)) - box_volume(domain))))
         else:
             entries.append(("replicated", ("out", o), spec, dom_index,
-                            (None, _volume(_whole(spec.shape)) - _volume(domain))))
+                            (None, box_volume(_whole(spec.shape)) - box_volume(domain))))
     return entries
 
 
@@ -520,7 +516,7 @@ def _shifted(offsets, shifts) -> tuple[tuple[int, ...], ...]:
 def _describe_local(problem: Problem, op: ProblemOp, label: str, tensors, memo):
     """(semantics, strategies, input shifts, signature) of part 0's local op."""
     strategy = next((c.strategy for c in problem.choices[op.name] if c.label == label), None)
-    local = _opaque_local(op) if op.sem.is_opaque else localize(op.sem, strategy, problem.k, 0)
+    local = opaque_local(op.sem) if op.sem.is_opaque else localize(op.sem, strategy, problem.k, 0)
     in_shapes = [local.local_input_shape(i) or shape
                  for i, shape in enumerate(op.sem.input_shapes)]
     out_shapes = [tuple(b - a for a, b in (crop or share)) for share, crop in
