@@ -88,7 +88,8 @@ def optimize_imported(imported: ImportedGraph, topology: Topology, *,
     entries = catalog(imported.graph, strict=True)
     plan = plan or make_plan(imported.graph, topology, options=options)
     emitted = emit(imported.graph, imported.graph_def, entries, plan, devices=devices,
-                   feeds=feeds, expose=expose, collectives_mode=options.collectives)
+                   feeds=feeds, expose=expose, collectives_mode=options.collectives,
+                   sequential=options.sequential)
     verify(emitted, imported.graph)
     return Optimized(emitted.graph_def, plan, emitted.ledger, emitted.shards,
                      emitted.devices, emitted.fetches, tuple(feeds), imported.graph)

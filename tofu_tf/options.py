@@ -34,3 +34,6 @@ class Options:
     dp_beam: int = 2
     # How partial results are combined in the emitted graph.
     collectives: Collectives = Collectives.AUTO
+    # Chain each device's ops with control edges in the planned order, so that the
+    # executor cannot run ahead and raise the device's peak memory above the estimate.
+    sequential: bool = True

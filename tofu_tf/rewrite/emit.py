@@ -38,6 +38,7 @@ from tofu_tf.graph import DTYPE_SIZES, Graph, split_tensor_name
 from tofu_tf.op_semantics.catalog import OpEntry
 from tofu_tf.options import Collectives
 from tofu_tf.rewrite import collectives
+from tofu_tf.rewrite.schedule import sequence_devices
 from tofu_tf.rewrite.ledger import Ledger
 from tofu_tf.rewrite.partition import Box, DeviceOp, Partition, partition
 from tofu_tf.rewrite.tf_attrs import to_attr_value
@@ -71,10 +72,11 @@ def cpu_devices(n: int) -> tuple[str, ...]:
 def emit(graph: Graph, graph_def: graph_pb2.GraphDef, entries: Mapping[str, OpEntry],
          plan: Plan, *, devices: Sequence[str] | None = None,
          feeds: Sequence[str] = (), expose: Sequence[str] = (),
-         collectives_mode: Collectives = Collectives.AUTO) -> Emitted:
+         collectives_mode: Collectives = Collectives.AUTO, sequential: bool = True
+         ) -> Emitted:
     """The partitioned GraphDef of `graph` (imported from `graph_def`) under `plan`.
     `expose`: more tensors to assemble whole on device 0, as `tofu_expose/<op>_<index>`
-    (for inspecting intermediate values). `collectives_mode`: see Options.collectives."""
+    (for inspecting intermediate values). `collectives_mode`, `sequential`: see Options."""
     nodes = {node.name: node for node in graph_def.node}
     handles = frozenset(v.handle for v in graph.variables.values())
     parts = partition(graph, entries, plan,
@@ -84,8 +86,12 @@ def emit(graph: Graph, graph_def: graph_pb2.GraphDef, entries: Mapping[str, OpEn
         raise RewriteError(f"{len(devices)} device names for a plan over "
                            f"{parts.num_devices} devices.",
                            fix="pass one device name per device of the plan.")
-    return _Emitter(graph, graph_def, entries, parts, devices, feeds, plan,
-                    collectives_mode).run(expose)
+    emitted = _Emitter(graph, graph_def, entries, parts, devices, feeds, plan,
+                       collectives_mode).run(expose)
+    if sequential:
+        emitted = dataclasses.replace(emitted, graph_def=sequence_devices(emitted.graph_def,
+                                                                        emitted.fetches))
+    return emitted
 
 
 @dataclass

@@ -1,26 +1,20 @@
 """Per-device memory of a GraphDef (partitioned or not): estimated by liveness, measured
 from TensorFlow's own allocation records.
 
-The estimate's assumptions:
-- schedule: each device runs its ops one at a time in the graph's topological order
-  (Kahn's algorithm, ties broken by the order of the nodes in the GraphDef; the emitter
-  writes them in the original op order). TensorFlow's executor runs ready ops in parallel,
-  so a device's real peak can exceed this by the outputs of concurrent ops;
-- allocator: every output is a fresh buffer of its static size, live from its op until the
-  last op on that device that reads it (fetched tensors to the end); no in-place reuse, no
-  fragmentation;
-- persistent: variables (each VarHandleOp's shape) and constants for the whole step;
-- communication: a tensor read on another device also takes a receive buffer there, from
-  the first to the last reader on that device.
+The estimate is `tofu_tf.liveness` (its docstring states the model) over the graph's nodes
+in `schedule.execution_order` (each device runs its nodes in the graph's topological
+order, ties broken by the GraphDef's order; the emitter chains each device's nodes with
+control edges so that TensorFlow keeps it). Devices are
+`shared_memory` when every device is a CPU (logical CPU devices share the process's
+memory, a cross-device edge passes the buffer itself).
+
 The measurement: a v1 Session run with FULL_TRACE; per device, the peak of the running sum
-of its allocation records (in time order), plus the variables and constants, which are
-allocated before the step and are not in its trace.
+of its allocation records (in time order), plus the variables, constants and feeds, which
+are allocated before the step and are not in its trace.
 """
 
 from __future__ import annotations
 
-import heapq
-from dataclasses import dataclass
 from typing import Mapping
 
 import numpy as np
@@ -28,19 +22,13 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 from tensorflow.core.protobuf import config_pb2
 
-PERSISTENT_OPS = ("VarHandleOp", "Const")
+from tofu_tf.liveness import (ALIASING, FORWARDING, DeviceMemory, Node,
+                              conv_grad_scratch, peaks, slice_is_view)
+from tofu_tf.rewrite.schedule import execution_order
 
+__all__ = ["DeviceMemory", "estimate", "measure", "persistent_bytes"]
 
-@dataclass(frozen=True)
-class DeviceMemory:
-    device: str
-    persistent_bytes: int            # variables and constants
-    transient_peak_bytes: int        # the step's own buffers at their peak
-    peak_op: str                     # the op at which that peak is reached
-
-    @property
-    def peak_bytes(self) -> int:
-        return self.persistent_bytes + self.transient_peak_bytes
+PERSISTENT_OPS = ("VarHandleOp", "Const", "Placeholder")
 
 
 def _bytes(tensor: tf.Tensor) -> int:
@@ -57,81 +45,64 @@ def _variable_bytes(op: tf.Operation) -> int:
         tf.as_dtype(op.get_attr("dtype")).size
 
 
-def _order(graph: tf.Graph) -> list[tf.Operation]:
-    ops = graph.get_operations()
-    index = {op: i for i, op in enumerate(ops)}
-    preds = {op: {t.op for t in op.inputs} | set(op.control_inputs) for op in ops}
-    users: dict[tf.Operation, list] = {op: [] for op in ops}
-    for op, ps in preds.items():
-        for p in ps:
-            users[p].append(op)
-    indegree = {op: len(ps) for op, ps in preds.items()}
-    ready = [(index[op], op.name) for op in ops if indegree[op] == 0]
-    heapq.heapify(ready)
-    by_name = {op.name: op for op in ops}
-    order = []
-    while ready:
-        _, name = heapq.heappop(ready)
-        op = by_name[name]
-        order.append(op)
-        for u in users[op]:
-            indegree[u] -= 1
-            if indegree[u] == 0:
-                heapq.heappush(ready, (index[u], u.name))
-    return order
+def _view_of(op: tf.Operation) -> int | None:
+    if op.type in ALIASING:
+        return 0
+    if op.type == "Slice" and op.inputs[0].shape.is_fully_defined():
+        begin, size = (tf.get_static_value(t) for t in op.inputs[1:3])
+        if begin is not None and size is not None and slice_is_view(
+                op.inputs[0].shape.as_list(), list(begin), list(size),
+                op.inputs[0].dtype.size):
+            return 0
+    return None
+
+
+def _scratch(op: tf.Operation) -> int:
+    """The CPU convolution gradients' im2col buffer (liveness.conv_grad_scratch)."""
+    if op.type not in ("Conv2DBackpropInput", "Conv2DBackpropFilter"):
+        return 0
+    filter_shape = (op.outputs[0] if op.type == "Conv2DBackpropFilter" else op.inputs[1]).shape
+    grad = op.inputs[2].shape
+    if not (filter_shape.is_fully_defined() and grad.is_fully_defined()):
+        return 0
+    channels_last = op.get_attr("data_format") in (b"NHWC", "NHWC")
+    spatial = grad.as_list()[1:3] if channels_last else grad.as_list()[2:4]
+    return conv_grad_scratch(filter_shape.as_list(), spatial, op.outputs[0].dtype.size)
+
+
+def _node(op: tf.Operation, device: str, cpu: bool) -> Node:
+    outputs = tuple((t.name, _bytes(t), t.dtype.name) for t in op.outputs)
+    inputs = tuple(t.name for t in op.inputs)
+    if op.type in PERSISTENT_OPS:
+        return Node(op.name, device, inputs, outputs, persistent=True,
+                    persistent_bytes=_variable_bytes(op) if op.type == "VarHandleOp" else 0)
+    forwards = tuple(range(len(inputs))) if op.type in FORWARDING else ()
+    return Node(op.name, device, inputs, outputs, view_of=_view_of(op), forwards=forwards,
+                scratch_bytes=_scratch(op) if cpu else 0)
+
+
+def _names(fetches) -> list[str]:
+    return [f.name if hasattr(f, "name") else f for f in fetches]
 
 
 def estimate(graph_def: graph_pb2.GraphDef, fetches=(), default_device: str = "",
              ) -> dict[str, DeviceMemory]:
-    """The per-device estimate (see the module docstring); nodes without a device count
-    on `default_device`."""
+    """The per-device estimate (see the module docstring) of a step that fetches
+    `fetches` (all nodes run if none given); nodes without a device count on
+    `default_device`."""
     graph = tf.Graph()
     with graph.as_default():
         tf.compat.v1.import_graph_def(graph_def, name="")
-    order = _order(graph)
-    position = {op: i for i, op in enumerate(order)}
-    device_of = {op: op.device or default_device for op in order}
+    order = [graph.get_operation_by_name(graph_def.node[i].name)
+             for i in execution_order(graph_def, _names(fetches))]
+    cpu = {d: "GPU" not in d.upper()
+           for d in {op.device or default_device for op in order}}
     fetched = {graph.as_graph_element(f) for f in fetches}
     fetched = {f.name for f in fetched if isinstance(f, tf.Tensor)}
-    last: dict[tuple[str, str], int] = {}            # (tensor, device) -> last reader
-    first: dict[tuple[str, str], int] = {}
-    for op in order:
-        for t in op.inputs:
-            key = (t.name, device_of[op])
-            last[key] = max(last.get(key, -1), position[op])
-            first[key] = min(first.get(key, position[op]), position[op])
-    persistent: dict[str, int] = {}
-    live: dict[str, int] = {}
-    peak: dict[str, tuple[int, str]] = {}
-    frees: dict[int, list[tuple[str, int]]] = {}
-    end = len(order)
-    for op in order:
-        here = device_of[op]
-        persistent.setdefault(here, 0)
-        live.setdefault(here, 0)
-        if op.type == "VarHandleOp":
-            persistent[here] += _variable_bytes(op)
-            continue
-        for t in op.inputs:                          # receive buffers for remote tensors
-            if device_of[t.op] != here and first[(t.name, here)] == position[op]:
-                size = _bytes(t)
-                live[here] = live.get(here, 0) + size
-                frees.setdefault(last[(t.name, here)], []).append((here, size))
-        for t in op.outputs:
-            size = _bytes(t)
-            if op.type in PERSISTENT_OPS:
-                persistent[here] += size
-                continue
-            live[here] = live.get(here, 0) + size
-            stop = end if t.name in fetched else last.get((t.name, here), position[op])
-            frees.setdefault(stop, []).append((here, size))
-        if live[here] > peak.get(here, (-1, ""))[0]:
-            peak[here] = (live[here], op.name)
-        for device, size in frees.pop(position[op], []):
-            live[device] -= size
-    return {d: DeviceMemory(d, persistent.get(d, 0), peak.get(d, (0, ""))[0],
-                            peak.get(d, (0, ""))[1])
-            for d in sorted(set(persistent) | set(peak))}
+    nodes = [_node(op, op.device or default_device, cpu[op.device or default_device])
+             for op in order]
+    shared = all(cpu.values())
+    return peaks(nodes, fetched, shared_memory=shared)
 
 
 def measure(session: tf.compat.v1.Session, fetches, feeds: Mapping,
@@ -142,7 +113,7 @@ def measure(session: tf.compat.v1.Session, fetches, feeds: Mapping,
     options = config_pb2.RunOptions(trace_level=config_pb2.RunOptions.FULL_TRACE)
     metadata = config_pb2.RunMetadata()
     session.run(fetches, feeds, options=options, run_metadata=metadata)
-    peaks: dict[str, int] = {}
+    result: dict[str, int] = {}
     for stats in metadata.step_stats.dev_stats:
         records = sorted((r.alloc_micros, r.alloc_bytes) for node in stats.node_stats
                          for memory in node.memory for r in memory.allocation_records)
@@ -151,14 +122,14 @@ def measure(session: tf.compat.v1.Session, fetches, feeds: Mapping,
             running += size
             best = max(best, running)
         name = tf.DeviceSpec.from_string(stats.device).to_string()
-        peaks[name] = peaks.get(name, 0) + best
+        result[name] = result.get(name, 0) + best
     for device, size in persistent.items():
         name = tf.DeviceSpec.from_string(device).to_string()
-        peaks[name] = peaks.get(name, 0) + size
-    return peaks
+        result[name] = result.get(name, 0) + size
+    return result
 
 
 def persistent_bytes(graph_def: graph_pb2.GraphDef, default_device: str = ""
                      ) -> dict[str, int]:
-    """Per device: its variables' and constants' bytes."""
+    """Per device: the bytes of its variables, constants and feeds."""
     return {d: m.persistent_bytes for d, m in estimate(graph_def, (), default_device).items()}
