@@ -23,6 +23,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 
+from tofu_tf._order import stable_topological_order
 from tofu_tf.errors import GraphImportError
 
 # Bytes per element of the dtypes a training graph holds. "resource" and "variant" are
@@ -182,29 +183,18 @@ class Graph:
                                        fix="fetch an existing tensor or op.")
 
     def _topological_order(self) -> list[Op]:
-        indegree = {name: 0 for name in self._ops}
-        users: dict[str, list[str]] = {name: [] for name in self._ops}
-        for op in self._ops.values():
-            preds = {split_tensor_name(t)[0] for t in op.inputs} | set(op.control_inputs)
-            indegree[op.name] = len(preds)
-            for p in preds:
-                users[p].append(op.name)
-        # Kahn's algorithm, seeded in insertion order so the result is deterministic.
-        ready = [n for n, d in indegree.items() if d == 0]
-        order: list[Op] = []
-        while ready:
-            next_ready: list[str] = []
-            for name in ready:
-                order.append(self._ops[name])
-                for u in users[name]:
-                    indegree[u] -= 1
-                    if indegree[u] == 0:
-                        next_ready.append(u)
-            ready = next_ready
+        # Ties broken by insertion order: a graph given in a topological order (a
+        # GraphDef written by TensorFlow) keeps it, and so does its schedule.
+        ops = list(self._ops.values())
+        index = {op.name: i for i, op in enumerate(ops)}
+        order = [ops[i] for i in stable_topological_order(
+            [{index[split_tensor_name(t)[0]] for t in op.inputs}
+             | {index[c] for c in op.control_inputs} for op in ops])]
         if len(order) != len(self._ops):
-            stuck = next(n for n, d in indegree.items() if d > 0)
-            raise GraphImportError("the graph has a cycle through this node.", node=stuck,
-                                   op_type=self._ops[stuck].type,
+            placed = {op.name for op in order}
+            stuck = next(op for op in ops if op.name not in placed)
+            raise GraphImportError("the graph has a cycle through this node.", node=stuck.name,
+                                   op_type=stuck.type,
                                    fix="unroll loops before import (while loops are not supported).")
         return order
 

@@ -110,6 +110,8 @@ class DeviceMemory:
     persistent_bytes: int            # variables, constants, feeds
     transient_peak_bytes: int        # the step's own buffers at their peak
     peak_op: str                     # the node at which that peak is reached
+    # With `explain`: the largest buffers live at the peak, (first tensor, bytes).
+    peak_buffers: tuple[tuple[str, int], ...] = ()
 
     @property
     def peak_bytes(self) -> int:
@@ -126,9 +128,10 @@ class _Buffer:
     members: list = field(default_factory=list)
 
 
-def peaks(nodes: Sequence[Node], fetched: Iterable[str] = (), shared_memory: bool = True
-          ) -> dict[str, DeviceMemory]:
-    """Per device: persistent bytes and the peak of the transient ones (module docstring)."""
+def peaks(nodes: Sequence[Node], fetched: Iterable[str] = (), shared_memory: bool = True,
+          explain: int = 0) -> dict[str, DeviceMemory]:
+    """Per device: persistent bytes and the peak of the transient ones (module docstring);
+    with `explain`, that many of the largest buffers live at each device's peak."""
     fetched = set(fetched)
     reads: dict[tuple[str, str], int] = {}            # (tensor, device) -> number of reads
     for node in nodes:
@@ -143,6 +146,8 @@ def peaks(nodes: Sequence[Node], fetched: Iterable[str] = (), shared_memory: boo
     persistent: dict[str, int] = {}
     live: dict[str, int] = {}
     peak: dict[str, tuple[int, str]] = {}
+    alive: dict[int, _Buffer] = {}                    # with explain: id -> live buffer
+    snapshot: dict[str, list] = {}
 
     def pending_of(t: str, device: str) -> int:
         """Reads of `t` its producer's buffer still waits for."""
@@ -156,10 +161,20 @@ def peaks(nodes: Sequence[Node], fetched: Iterable[str] = (), shared_memory: boo
         buffer.keep = buffer.keep or t in fetched
         producer[t] = (buffer, device)
 
+    def allocate(buffer: _Buffer) -> _Buffer:
+        live[buffer.device] += buffer.bytes
+        if explain:
+            alive[id(buffer)] = buffer
+        return buffer
+
+    def free(buffer: _Buffer) -> None:
+        live[buffer.device] -= buffer.bytes
+        alive.pop(id(buffer), None)
+
     def release(buffer: _Buffer, count: int) -> None:
         buffer.pending -= count
         if buffer.pending == 0 and not buffer.keep:
-            live[buffer.device] -= buffer.bytes
+            free(buffer)
 
     for node in nodes:
         here = node.device
@@ -171,9 +186,8 @@ def peaks(nodes: Sequence[Node], fetched: Iterable[str] = (), shared_memory: boo
             if not shared_memory and source != here:
                 key = (t, here)
                 if key not in received:
-                    received[key] = _Buffer(here, buffer.bytes, buffer.dtype,
-                                            reads[key], t in fetched, [t])
-                    live[here] += buffer.bytes
+                    received[key] = allocate(_Buffer(here, buffer.bytes, buffer.dtype,
+                                                     reads[key], t in fetched, [t]))
                     release(buffer, 1)                # this device's send is done
                 buffer = received[key]
             views.append(buffer)
@@ -198,19 +212,24 @@ def peaks(nodes: Sequence[Node], fetched: Iterable[str] = (), shared_memory: boo
             if reuse is not None:
                 join(reuse, t, here)
                 continue
-            live[here] += size
-            join(_Buffer(here, size, dtype), t, here)
+            join(allocate(_Buffer(here, size, dtype)), t, here)
         live[here] += node.scratch_bytes
         if live[here] > peak.get(here, (-1, ""))[0]:
             peak[here] = (live[here], node.name)
+            if explain:
+                held = [(b.members[0], b.bytes) for b in alive.values() if b.device == here]
+                if node.scratch_bytes:
+                    held.append((node.name + " (scratch)", node.scratch_bytes))
+                snapshot[here] = sorted(held, key=lambda h: -h[1])[:explain]
         live[here] -= node.scratch_bytes
         for t, size, _ in node.outputs:               # outputs nobody reads
             buffer, _ = producer[t]
             if buffer.pending == 0 and not buffer.keep and buffer.members[-1] == t \
                     and len(buffer.members) == 1:
-                live[here] -= size
+                free(buffer)
         for buffer in views:
             release(buffer, 1)
     devices = sorted(set(persistent) | set(peak))
     return {d: DeviceMemory(d, persistent.get(d, 0), peak.get(d, (0, ""))[0],
-                            peak.get(d, (0, ""))[1]) for d in devices}
+                            peak.get(d, (0, ""))[1], tuple(snapshot.get(d, ())))
+            for d in devices}

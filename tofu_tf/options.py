@@ -34,6 +34,10 @@ class Options:
     dp_beam: int = 2
     # How partial results are combined in the emitted graph.
     collectives: Collectives = Collectives.AUTO
+    # Largest estimated peak bytes per device (search/memory.py) a plan may have; None: no
+    # limit. The search then returns the least-communication plan it finds that fits, or
+    # raises PlanInfeasibleError with the smallest peak it reached.
+    memory_budget_bytes: int | None = None
     # Chain each device's ops with control edges in the planned order, so that the
     # executor cannot run ahead and raise the device's peak memory above the estimate.
     sequential: bool = True

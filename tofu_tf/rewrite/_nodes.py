@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from tofu_tf._order import stable_topological_order
 from tofu_tf.errors import GraphImportError
 from tofu_tf.graph import split_tensor_name
 
@@ -21,24 +22,13 @@ class NodeRecord:
 
 
 def topological_order(nodes: Sequence[NodeRecord]) -> list[NodeRecord]:
-    """Kahn's algorithm over data and control edges, stable in the given order."""
-    by_name = {n.name: n for n in nodes}
-    pending = {n.name: len(_preds(n)) for n in nodes}
-    users: dict[str, list[str]] = {n.name: [] for n in nodes}
-    for node in nodes:
-        for pred in _preds(node):
-            users[pred].append(node.name)
-    ready = [n.name for n in nodes if pending[n.name] == 0]
-    order: list[NodeRecord] = []
-    while ready:
-        name = ready.pop()
-        order.append(by_name[name])
-        for user in reversed(users[name]):
-            pending[user] -= 1
-            if pending[user] == 0:
-                ready.append(user)
+    """Kahn's algorithm over data and control edges, ties broken by the given order."""
+    index = {n.name: i for i, n in enumerate(nodes)}
+    order = [nodes[i] for i in stable_topological_order(
+        [{index[p] for p in _preds(n)} for n in nodes])]
     if len(order) != len(nodes):
-        stuck = next(n for n in nodes if pending[n.name] > 0)
+        placed = {n.name for n in order}
+        stuck = next(n for n in nodes if n.name not in placed)
         raise GraphImportError("the graph has a cycle through this node.", node=stuck.name,
                                op_type=stuck.type, fix="unroll loops before import.")
     return order

@@ -22,6 +22,7 @@ from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, rewriter_config
 from tensorflow.python.framework import errors as tf_errors
 from tensorflow.python.grappler import tf_optimizer
 
+from tofu_tf._order import stable_topological_order
 from tofu_tf.errors import GraphImportError
 
 # Grappler passes, in order. An explicit list runs only these: layout and remapper stay
@@ -91,6 +92,40 @@ def run_grappler(graph_def: graph_pb2.GraphDef, keep: Sequence[str]) -> graph_pb
             f"Grappler could not normalise the graph: {_first_line(error)}",
             fix="check that the GraphDef imports with tf.graph_util.import_graph_def; "
                 "ops from custom libraries must be loaded (tf.load_op_library) first.") from error
+
+
+def restore_order(graph_def: graph_pb2.GraphDef, reference: graph_pb2.GraphDef
+                  ) -> graph_pb2.GraphDef:
+    """`graph_def`'s nodes in `reference`'s order (Grappler emits its own): the original
+    order is the schedule the model's author wrote, and the one memory is estimated in.
+    A node `reference` lacks (inlined, folded) goes just before its first consumer; then
+    a stable topological sort mends whatever that order breaks."""
+    position = {node.name: float(i) for i, node in enumerate(reference.node)}
+    consumers: dict[str, list[str]] = {}
+    for node in graph_def.node:
+        for name in node.input:
+            consumers.setdefault(node_of(name), []).append(node.name)
+    keys: dict[str, float] = {}
+
+    def key(name: str, seen=()) -> float:
+        if name not in keys:
+            if name in position:
+                keys[name] = position[name]
+            else:
+                later = [key(c, (*seen, name)) for c in consumers.get(name, ())
+                         if c not in seen]
+                keys[name] = min(later, default=float(len(position))) - 0.5
+        return keys[name]
+
+    nodes = sorted(graph_def.node, key=lambda node: key(node.name))
+    index = {node.name: i for i, node in enumerate(nodes)}
+    order = stable_topological_order([{index[node_of(i)] for i in node.input}
+                                      for node in nodes])
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    del out.node[:]
+    out.node.extend(nodes[i] for i in order)
+    return out
 
 
 def strip_const_control_inputs(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:

@@ -96,7 +96,8 @@ def _run_passes(graph_def, fetches, feeds, captures, start, side_effects) -> Imp
     graph_def = _normalise.prune(graph_def, roots)
     _normalise.reject_unsupported(graph_def, inlined=False)
     with _timed(stats, "grappler_seconds"):
-        graph_def = _normalise.run_grappler(graph_def, roots)
+        graph_def = _normalise.restore_order(_normalise.run_grappler(graph_def, roots),
+                                             graph_def)
     stats["nodes_grappler"] = len(graph_def.node)
     _check_survivors(graph_def, roots)
     graph_def = _normalise.prune(_normalise.strip_const_control_inputs(graph_def), roots)

@@ -86,10 +86,10 @@ def _names(fetches) -> list[str]:
 
 
 def estimate(graph_def: graph_pb2.GraphDef, fetches=(), default_device: str = "",
-             ) -> dict[str, DeviceMemory]:
+             explain: int = 0) -> dict[str, DeviceMemory]:
     """The per-device estimate (see the module docstring) of a step that fetches
     `fetches` (all nodes run if none given); nodes without a device count on
-    `default_device`."""
+    `default_device`. `explain`: list that many of the largest buffers at each peak."""
     graph = tf.Graph()
     with graph.as_default():
         tf.compat.v1.import_graph_def(graph_def, name="")
@@ -102,7 +102,7 @@ def estimate(graph_def: graph_pb2.GraphDef, fetches=(), default_device: str = ""
     nodes = [_node(op, op.device or default_device, cpu[op.device or default_device])
              for op in order]
     shared = all(cpu.values())
-    return peaks(nodes, fetched, shared_memory=shared)
+    return peaks(nodes, fetched, shared_memory=shared, explain=explain)
 
 
 def measure(session: tf.compat.v1.Session, fetches, feeds: Mapping,

@@ -8,10 +8,11 @@ its peak. `sequence_devices` chains each device's ops with control edges in the 
 
 from __future__ import annotations
 
-import heapq
 from typing import Iterable
 
 from tensorflow.core.framework import graph_pb2
+
+from tofu_tf._order import stable_topological_order
 
 # Ops with no transient buffers: left out of the chain (they run once, up front).
 UNCHAINED = frozenset({"Const", "VarHandleOp", "Placeholder", "NoOp"})
@@ -35,23 +36,9 @@ def execution_order(graph_def: graph_pb2.GraphDef, fetches: Iterable[str] = ()) 
             if i not in runs:
                 runs.add(i)
                 stack.extend(preds[i])
-    users: list[list[int]] = [[] for _ in graph_def.node]
-    indegree = [0] * len(graph_def.node)
-    for i in runs:
-        indegree[i] = len(preds[i])
-        for p in preds[i]:
-            users[p].append(i)
-    ready = [i for i in runs if indegree[i] == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(i)
-        for u in users[i]:
-            indegree[u] -= 1
-            if indegree[u] == 0:
-                heapq.heappush(ready, u)
-    return order
+    order = stable_topological_order([preds[i] if i in runs else () for i in
+                                      range(len(preds))])
+    return [i for i in order if i in runs]
 
 
 def sequence_devices(graph_def: graph_pb2.GraphDef, fetches: Iterable[str]

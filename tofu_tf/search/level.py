@@ -116,6 +116,22 @@ class LevelModel:
             merged[free] = merged[free] + free_table if free in merged else free_table
         return [dp.Factor(scope, table) for scope, table in merged.items()], constant
 
+    def storage_factors(self, weight: float) -> list[dp.Factor]:
+        """`weight` x the bytes one device stores of each group's tensors, per state: the
+        memory term of a budgeted search (replicated storage costs k times a split)."""
+        factors = []
+        for g, members in enumerate(self.coarse.members):
+            states = self.group_states(g)
+            if len(states) < 2:
+                continue
+            vector = np.zeros(len(states))
+            for t in members:
+                spec = self.problem.tensors[t]
+                vector += [_stored_bytes(spec.shape, spec.itemsize, state, self.problem.k)
+                           for state in states]
+            factors.append(dp.Factor((g,), weight * vector))
+        return factors
+
     def evaluate(self, assignment) -> tuple[float, dict[str, int]]:
         """Total bytes of a group assignment, and each op's best choice under it."""
         total, chosen = 0.0, {}
@@ -125,6 +141,13 @@ class LevelModel:
             total += float(table[index])
             chosen[op] = int(argmin[index])
         return total, chosen
+
+
+def _stored_bytes(shape, itemsize: int, state: OutputState, k: int) -> int:
+    size = itemsize
+    for d, n in enumerate(shape):
+        size *= -(-n // k) if state.kind == "split" and state.dim == d else n
+    return size
 
 
 def _squeeze(table: np.ndarray) -> tuple[tuple[int, ...], np.ndarray]:
@@ -158,10 +181,14 @@ class LevelResult:
 
 
 def solve_level(model: LevelModel, max_table: int = dp.MAX_TABLE,
-                beam: int = dp.BEAM) -> LevelResult:
-    """The exact optimum of one level (unless the DP's table bound forces its fallback)."""
+                beam: int = dp.BEAM, memory_weight: float = 0.0) -> LevelResult:
+    """The exact optimum of one level (unless the DP's table bound forces its fallback):
+    least bytes moved, plus `memory_weight` x the bytes one device stores."""
     start = time.perf_counter()
-    solution = dp.solve(model.domains, model.factors()[0],
+    factors = model.factors()[0]
+    if memory_weight:
+        factors = factors + model.storage_factors(memory_weight)
+    solution = dp.solve(model.domains, factors,
                         order=sorted(range(len(model.domains)),
                                      key=lambda g: model.coarse.position[g]),
                         max_table=max_table, beam=beam)

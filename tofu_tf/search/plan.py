@@ -14,8 +14,11 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Mapping
 
+from tofu_tf.errors import PlanInfeasibleError
 from tofu_tf.graph import Graph
 from tofu_tf.options import Options
+from tofu_tf.search.memory import single_device_peak
+from tofu_tf.search.problem import SearchCache
 from tofu_tf.search.recursive import SearchResult, search
 from tofu_tf.search.topology import Level, Topology
 
@@ -61,6 +64,10 @@ class Plan:
     groups: Mapping[str, int] = field(default_factory=dict)   # tensor -> coarse group
     op_types: Mapping[str, str] = field(default_factory=dict)
     variable_storage: str = "replicable"      # the storage policy of the winning recursion
+    # Estimated peak bytes per device (search/memory.py: every device is bounded by part 0
+    # of each cut, the largest) and of the unpartitioned step on one device.
+    per_device_peak_bytes: tuple[int, ...] = ()
+    single_device_peak_bytes: int = 0
 
     @property
     def num_devices(self) -> int:
@@ -82,6 +89,11 @@ class Plan:
         """The stored state of `tensor` at `level` (0-based): its group's state."""
         return self.levels[level].group_states[self.groups[tensor]]
 
+    @property
+    def peak_bytes(self) -> int:
+        """The largest per-device peak estimate."""
+        return max(self.per_device_peak_bytes, default=0)
+
     def get_topology(self) -> Topology:
         return Topology(tuple(Level(k, b, a) for k, b, a in self.topology))
 
@@ -100,7 +112,8 @@ class Plan:
             "group_states": {int(g): s for g, s in lvl["group_states"].items()}})
             for lvl in data.pop("levels"))
         topology = tuple(tuple(level) for level in data.pop("topology"))
-        return Plan(topology=topology, levels=levels, **data)
+        peaks = tuple(data.pop("per_device_peak_bytes", ()))
+        return Plan(topology=topology, levels=levels, per_device_peak_bytes=peaks, **data)
 
     # -- summary ---------------------------------------------------------------------------
     def heaviest_groups(self, count: int = 8) -> list[tuple[int, float, list[Transfer]]]:
@@ -122,6 +135,11 @@ class Plan:
                  f"{self.num_groups} groups, variables {self.variable_storage}, searched in "
                  f"{self.search_seconds:.2f} s"
                  + ("" if self.exact else " (DP fallback used: not proven optimal)")]
+        if self.per_device_peak_bytes:
+            lines.append(f"  memory: peak {_human(self.peak_bytes)} per device "
+                         f"(one device, unpartitioned: {_human(self.single_device_peak_bytes)}"
+                         f"; ideal 1/{self.num_devices}: "
+                         f"{_human(self.single_device_peak_bytes / self.num_devices)})")
         for i, level in enumerate(self.levels):
             lines.append(f"  level {i + 1}: {level.ways}-way cut x {level.groups} group(s): "
                          f"{_human(level.total_bytes)}")
@@ -159,18 +177,63 @@ def plan_from_search(result: SearchResult, graph: Graph) -> Plan:
             spec.ways, spec.bandwidth, spec.latency, groups, group_states,
             dict(level.choices), level.bytes, level.exact,
             tuple(Transfer(op, t, b) for op, t, b in level.breakdown)))
+    peak = result.memory.peak_bytes if result.memory is not None else 0
     return Plan(tuple((lvl.ways, lvl.bandwidth, lvl.latency) for lvl in result.topology.levels),
                 tuple(levels), len(graph), result.coarse.num_groups, result.seconds,
                 dict(result.coarse.group_of), {op.name: op.type for op in graph},
-                result.variable_storage.value)
+                result.variable_storage.value, (peak,) * result.topology.num_devices,
+                single_device_peak(graph).peak_bytes)
+
+
+# Memory weights a budgeted search tries: bytes moved per byte stored on a device.
+MIN_MEMORY_WEIGHT, MAX_MEMORY_WEIGHT, WEIGHT_STEPS = 2.0 ** -6, 2.0 ** 16, 6
+
+
+def _within_budget(graph: Graph, topology: Topology, options: Options) -> SearchResult:
+    """Least bytes moved among plans that fit the budget: the plain optimum if it fits,
+    else searches that also weigh the bytes each device stores, the weight bisected (in
+    log scale) down to the smallest that still fits."""
+    budget = options.memory_budget_bytes
+    cache = SearchCache()
+    tried: list[SearchResult] = []
+
+    def run(weight: float) -> SearchResult:
+        tried.append(search(graph, topology, options=options, memory_weight=weight,
+                            cache=cache))
+        return tried[-1]
+
+    def fits(result: SearchResult) -> bool:
+        return result.memory.peak_bytes <= budget
+
+    if not fits(run(0.0)) and fits(run(MAX_MEMORY_WEIGHT)):
+        low, high = math.log2(MIN_MEMORY_WEIGHT), math.log2(MAX_MEMORY_WEIGHT)
+        for _ in range(WEIGHT_STEPS):
+            middle = (low + high) / 2
+            low, high = (low, middle) if fits(run(2.0 ** middle)) else (middle, high)
+    fitting = [r for r in tried if fits(r)]
+    if not fitting:
+        smallest = min(tried, key=lambda r: r.memory.peak_bytes)
+        raise PlanInfeasibleError(
+            f"no plan over {topology.num_devices} devices fits a memory budget of "
+            f"{_human(budget)} per device: the smallest estimated peak found is "
+            f"{_human(smallest.memory.peak_bytes)} (error.best_plan).",
+            best_peak_bytes=smallest.memory.peak_bytes,
+            best_plan=plan_from_search(smallest, graph),
+            fix=f"raise the budget to at least {smallest.memory.peak_bytes} bytes, use "
+                "more devices, or a smaller batch.")
+    return min(fitting, key=lambda r: r.total_bytes)
 
 
 def make_plan(graph: Graph, topology: Topology | None = None, *, num_devices: int | None = None,
               options: Options = Options()) -> Plan:
-    """Search the communication-minimal plan of `graph` over `topology` (or num_devices)."""
+    """Search the communication-minimal plan of `graph` over `topology` (or num_devices);
+    with `options.memory_budget_bytes`, the least-communication plan found that fits."""
     start = time.perf_counter()
     topology = topology or Topology.default(num_devices)
-    result = search(graph, topology, options=options)
+    if options.memory_budget_bytes is None:
+        result = search(graph, topology, options=options)
+    else:
+        result = _within_budget(graph, topology, options)
     plan = plan_from_search(result, graph)
     return Plan(**{**{f: getattr(plan, f) for f in plan.__dataclass_fields__},
                    "search_seconds": time.perf_counter() - start})

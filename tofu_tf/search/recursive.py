@@ -26,6 +26,7 @@ from tofu_tf.op_semantics.catalog import OpEntry, catalog
 from tofu_tf.options import Options, VariableStorage
 from tofu_tf.search.coarsen import CoarseGraph, coarsen
 from tofu_tf.search.level import LevelModel, LevelResult, solve_level
+from tofu_tf.search.memory import PlanMemory, plan_memory
 from tofu_tf.search.cost import tensor_states
 from tofu_tf.search.problem import Problem, SearchCache, root_problem, sub_problem
 from tofu_tf.search.topology import Topology
@@ -41,6 +42,7 @@ class SearchResult:
     # Whether some level stores a variable replicated that the partitioned policy would
     # have to split. If not, that policy's recursion would find this very plan.
     replicates_variables: bool = False
+    memory: PlanMemory | None = None      # one device's estimate (search/memory.py)
 
     @property
     def multipliers(self) -> tuple[int, ...]:
@@ -84,27 +86,29 @@ def level_models(graph: Graph, topology: Topology, entries: dict[str, OpEntry] |
 
 
 def search(graph: Graph, topology: Topology, *, solver=None,
-           entries: dict[str, OpEntry] | None = None, options: Options = Options()
-           ) -> SearchResult:
-    """Solve every level with `solver(LevelModel) -> LevelResult` (default: exact DP).
+           entries: dict[str, OpEntry] | None = None, options: Options = Options(),
+           memory_weight: float = 0.0, cache: SearchCache | None = None) -> SearchResult:
+    """Solve every level with `solver(LevelModel) -> LevelResult` (default: exact DP,
+    minimising bytes moved plus `memory_weight` x bytes stored per device).
 
     With `options.variable_storage` AUTO the recursion runs under both storage policies
     for variables and the cheaper total wins: the recursion fixes each level before the
-    next, and which policy makes the inner levels cheaper depends on the model."""
+    next, and which policy makes the inner levels cheaper depends on the model. `cache`:
+    work to share with other searches of the same graph."""
     with paused_gc():
-        return _search(graph, topology, solver, entries, options)
+        return _search(graph, topology, solver, entries, options, memory_weight,
+                       cache or SearchCache())
 
 
-def _search(graph, topology, solver, entries, options) -> SearchResult:
+def _search(graph, topology, solver, entries, options, memory_weight, cache) -> SearchResult:
     start = time.perf_counter()
     solver = solver or functools.partial(solve_level, max_table=options.max_dp_table,
-                                         beam=options.dp_beam)
+                                         beam=options.dp_beam, memory_weight=memory_weight)
     entries = entries if entries is not None else catalog(graph, strict=True)
     coarse = coarsen(graph, entries)
     policies = ([VariableStorage.REPLICABLE, VariableStorage.PARTITIONED]
                 if options.variable_storage is VariableStorage.AUTO
                 else [options.variable_storage])
-    cache = SearchCache()
     results = []
     for policy in policies:
         if results and policy is VariableStorage.PARTITIONED and \
@@ -112,7 +116,10 @@ def _search(graph, topology, solver, entries, options) -> SearchResult:
             break      # the replicable optimum is feasible and optimal for this policy too
         results.append(_recurse(graph, topology, entries, coarse, options, policy, solver,
                                 cache))
-    best = min(results, key=lambda r: r.total_bytes)
+    if memory_weight:
+        best = min(results, key=lambda r: r.total_bytes + memory_weight * r.memory.peak_bytes)
+    else:
+        best = min(results, key=lambda r: r.total_bytes)
     return dataclasses.replace(best, seconds=time.perf_counter() - start)
 
 
@@ -129,8 +136,15 @@ def _recurse(graph, topology, entries, coarse, options, policy, solver,
             model = models.send(results[-1])
         except StopIteration:
             break
+    memory = plan_memory(graph, device_problem(model, results[-1]))
     return SearchResult(topology, tuple(results), coarse, time.perf_counter() - start, policy,
-                        replicates)
+                        replicates, memory)
+
+
+def device_problem(model: LevelModel, result: LevelResult) -> Problem:
+    """What one device (part 0 of every cut) holds and runs under the last level's result:
+    the problem inside its part, for a cut into one."""
+    return sub_problem(model.problem, result.states, result.choices, 1)
 
 
 def _replicates_variables(model: LevelModel, result: LevelResult, options: Options) -> bool:
