@@ -3,7 +3,27 @@
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
+
+from tofu_tf.errors import TofuError
+
+_UNITS = {"": 1, "b": 1, "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12,
+          "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "tib": 2 ** 40}
+
+
+def parse_bytes(text: str) -> int:
+    """'12GiB', '16 GB', '512MiB', '1e9' -> bytes."""
+    match = re.fullmatch(r"\s*([0-9.eE+]+)\s*([a-zA-Z]*)\s*", text or "")
+    unit = match and match.group(2).lower()
+    try:
+        value = float(match.group(1)) if match else None
+    except ValueError:
+        value = None
+    if value is None or unit not in _UNITS or value <= 0:
+        raise TofuError(f"cannot read '{text}' as a number of bytes.",
+                        fix="write e.g. 12GiB, 16GB, 512MiB or 1e9.")
+    return int(value * _UNITS[unit])
 
 
 class Collectives(enum.Enum):

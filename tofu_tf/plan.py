@@ -29,6 +29,9 @@ flags.DEFINE_string("json_out", None, "write the plan report as JSON here")
 flags.DEFINE_string("plan_out", None, "write the full plan (Plan.to_json) here")
 flags.DEFINE_bool("ilp", False, "also solve every level by ILP (small graphs)")
 flags.DEFINE_bool("baselines", True, "also evaluate the baselines")
+flags.DEFINE_string("memory_budget", None,
+                    "largest estimated peak per device, e.g. 12GiB: the least-communication "
+                    "plan that fits, or an error naming the smallest peak reachable")
 # model sizes: only the flags given are passed on; the rest keep the model's defaults
 SIZE_FLAGS = {
     "depth": int, "widen": int, "base_width": int, "image_size": int, "num_classes": int,
@@ -55,6 +58,11 @@ def build_graph(model: str, batch_size: int, optimizer: str, sizes: dict):
     return import_graph_def(step.graph_def, step.fetches).graph
 
 
+def budget_bytes() -> int | None:
+    from tofu_tf.options import parse_bytes
+    return parse_bytes(FLAGS.memory_budget) if FLAGS.memory_budget else None
+
+
 def report(plan, graph, topology, *, with_baselines: bool, with_ilp: bool,
            build_seconds: float) -> dict:
     data = {"model": FLAGS.model, "batch_size": FLAGS.batch_size, "optimizer": FLAGS.optimizer,
@@ -62,7 +70,10 @@ def report(plan, graph, topology, *, with_baselines: bool, with_ilp: bool,
             "num_devices": topology.num_devices, "total_bytes": plan.total_bytes,
             "bytes_per_level": list(plan.bytes_per_level),
             "search_seconds": plan.search_seconds, "build_import_seconds": build_seconds,
-            "num_ops": plan.num_ops, "num_groups": plan.num_groups, "exact": plan.exact}
+            "num_ops": plan.num_ops, "num_groups": plan.num_groups, "exact": plan.exact,
+            "per_device_peak_bytes": list(plan.per_device_peak_bytes),
+            "single_device_peak_bytes": plan.single_device_peak_bytes,
+            "memory_budget_bytes": budget_bytes()}
     if with_baselines:
         from tofu_tf.search.baselines import BASELINES
         data["baselines"] = {name: fn(graph, topology).total_bytes
@@ -76,6 +87,7 @@ def report(plan, graph, topology, *, with_baselines: bool, with_ilp: bool,
 def main(argv) -> int:
     del argv
     from tofu_tf.errors import TofuError
+    from tofu_tf.options import Options
     from tofu_tf.search.plan import make_plan
     from tofu_tf.search.topology import Topology
     try:
@@ -86,7 +98,7 @@ def main(argv) -> int:
         graph = build_graph(FLAGS.model, FLAGS.batch_size, FLAGS.optimizer, model_sizes())
         build_seconds = time.perf_counter() - start
         logging.info("planning %d ops over %s ...", len(graph), topology)
-        plan = make_plan(graph, topology)
+        plan = make_plan(graph, topology, options=Options(memory_budget_bytes=budget_bytes()))
         print(plan)
         data = report(plan, graph, topology, with_baselines=FLAGS.baselines,
                       with_ilp=FLAGS.ilp, build_seconds=build_seconds)

@@ -1,4 +1,5 @@
-"""The liveness estimate against TensorFlow's allocation records, per device."""
+"""The memory estimates against TensorFlow's allocation records, per device, and the
+plan's estimate (made before any graph exists) against the emitted graph's."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ import tensorflow as tf
 
 from tofu_tf.api import optimize
 from tofu_tf.models import build
+from tofu_tf.rewrite.graphdef_io import import_graph_def
 from tofu_tf.rewrite.memory import estimate, measure, persistent_bytes
 from tofu_tf.rewrite.schedule import sequence_devices
 from tofu_tf.runtime import Runner, SingleDevice
+from tofu_tf.search.memory import single_device_peak
 
 MODELS = ["mlp", "wresnet", "lstm", "transformer"]
 CPU0 = "/job:localhost/replica:0/task:0/device:CPU:0"
@@ -40,6 +43,10 @@ def test_estimate_within_15_percent_of_measured_on_every_device(step_and_values)
     assert len(estimated) == 8
     for device, memory in estimated.items():
         _close(memory, measured[tf.DeviceSpec.from_string(device).to_string()], device)
+    # The plan's own estimate (search/memory.py), from the plan alone.
+    largest = max(m.peak_bytes for m in estimated.values())
+    assert abs(optimized.plan.peak_bytes - largest) <= 0.15 * largest, (
+        optimized.plan.peak_bytes, largest)
 
 
 def test_single_device_estimate_within_15_percent(step_and_values):
@@ -52,6 +59,10 @@ def test_single_device_estimate_within_15_percent(step_and_values):
         measured = measure(single.session, list(step.fetches), feeds,
                            persistent_bytes(graph_def, default_device=CPU0))
     _close(estimated, measured[tf.DeviceSpec.from_string(CPU0).to_string()], "single")
+    graph = import_graph_def(step.graph_def, step.fetches, feeds=list(step.feeds)).graph
+    planned = single_device_peak(graph).peak_bytes
+    assert abs(planned - estimated.peak_bytes) <= 0.02 * estimated.peak_bytes, (
+        planned, estimated)
 
 
 def test_partitioned_peak_is_below_single_device():

@@ -1,0 +1,71 @@
+"""A memory budget in the search: fits, costs bytes only when it must, or a typed error."""
+
+from __future__ import annotations
+
+import pytest
+
+from tofu_tf.api import optimize
+from tofu_tf.errors import PlanInfeasibleError, TofuError
+from tofu_tf.models import build
+from tofu_tf.options import Options
+from tofu_tf.rewrite.graphdef_io import import_graph_def
+from tofu_tf.rewrite.memory import measure, persistent_bytes
+from tofu_tf.runtime import Runner, SingleDevice
+from tofu_tf.search.plan import Plan, make_plan
+
+
+@pytest.fixture(scope="module")
+def transformer():
+    step = build("transformer", optimizer="adam", graph_only=True, batch_size=8)
+    graph = import_graph_def(step.graph_def, step.fetches, feeds=list(step.feeds)).graph
+    return step, graph, make_plan(graph, num_devices=8)
+
+
+def test_a_loose_budget_keeps_the_least_communication_plan(transformer):
+    _, graph, free = transformer
+    plan = make_plan(graph, num_devices=8,
+                     options=Options(memory_budget_bytes=free.peak_bytes))
+    assert plan.total_bytes == free.total_bytes and plan.peak_bytes == free.peak_bytes
+
+
+@pytest.mark.parametrize("fraction", [0.85, 0.6])
+def test_a_tight_budget_is_met_by_moving_more_bytes(transformer, fraction):
+    _, graph, free = transformer
+    budget = int(fraction * free.peak_bytes)
+    plan = make_plan(graph, num_devices=8, options=Options(memory_budget_bytes=budget))
+    assert plan.peak_bytes <= budget < free.peak_bytes
+    assert plan.total_bytes > free.total_bytes
+    assert plan.single_device_peak_bytes == free.single_device_peak_bytes
+    assert len(plan.per_device_peak_bytes) == 8
+    assert Plan.from_json(plan.to_json()) == plan
+
+
+def test_an_impossible_budget_names_the_smallest_peak_and_its_plan(transformer):
+    _, graph, free = transformer
+    budget = free.single_device_peak_bytes // 16          # below even the ideal share
+    with pytest.raises(PlanInfeasibleError) as caught:
+        make_plan(graph, num_devices=8, options=Options(memory_budget_bytes=budget))
+    error = caught.value
+    assert isinstance(error, TofuError)
+    assert error.best_peak_bytes > budget
+    assert error.best_plan.peak_bytes == error.best_peak_bytes
+    assert "raise the budget to at least" in str(error)
+    assert error.best_peak_bytes < free.peak_bytes
+
+
+def test_the_budgeted_plan_fits_when_tensorflow_runs_it(transformer):
+    step, graph, free = transformer
+    budget = int(0.6 * free.peak_bytes)
+    options = Options(memory_budget_bytes=budget)
+    with SingleDevice(step.graph_def, step.init_op, step.fetches) as single:
+        values = single.values()
+    optimized = optimize(step.graph_def, step.fetches, feeds=list(step.feeds), num_devices=8,
+                         options=options)
+    feeds = dict(zip(step.feeds, step.sample_batch(0)))
+    with Runner(optimized, values) as runner:
+        runner.run(feeds)
+        measured = measure(runner.session, list(optimized.fetches), feeds,
+                           persistent_bytes(optimized.graph_def))
+    assert len(measured) == 8
+    # The plan's estimate holds within the estimate's 15% on every device.
+    assert max(measured.values()) <= 1.15 * budget, (measured, budget)
