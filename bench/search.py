@@ -22,13 +22,15 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
 from absl import app, flags
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import configurations, load, machine  # noqa: E402  (bench/common.py)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("sections", "configs,end_to_end,backends,gap",
@@ -41,42 +43,6 @@ flags.DEFINE_bool("baselines", True, "also evaluate the baselines")
 flags.DEFINE_bool("fresh", False, "start from empty results instead of merging")
 
 RESULTS = Path(__file__).parent / "results"
-
-
-def configurations() -> dict[str, tuple[str, dict]]:
-    configs = {}
-    for depth in (50, 101, 152):
-        for widen in (4, 6, 8, 10):
-            configs[f"wresnet-{depth}-w{widen}"] = ("wresnet", dict(
-                depth=depth, widen=widen, base_width=64, image_size=224, num_classes=1000,
-                batch_size=8))
-    for layers in (4, 6, 8, 10):
-        for hidden in (4096, 6144, 8192, 10240):
-            configs[f"lstm-{layers}-{hidden}"] = ("lstm", dict(
-                layers=layers, hidden=hidden, steps=20, embedding=512, vocab=512,
-                num_classes=512, batch_size=8))
-    configs["gpt2-medium"] = ("transformer", dict(layers=24, d_model=1024, heads=16,
-                                                   seq_len=1024, vocab=50257, batch_size=8))
-    return configs
-
-
-def machine() -> dict:
-    import numpy
-    import tensorflow as tf
-    from tofu_tf.cc import cost_op
-    return {"nproc": os.cpu_count(), "python": platform.python_version(),
-            "tensorflow": tf.__version__, "numpy": numpy.__version__,
-            "cost_backend": cost_op.backend(), "load": os.getloadavg()[0]}
-
-
-def load(model: str, sizes: dict):
-    """(planner graph, build + import seconds) of a graph-only model."""
-    from tofu_tf.models import build
-    from tofu_tf.rewrite.graphdef_io import import_graph_def
-    start = time.perf_counter()
-    step = build(model, optimizer="sgd", graph_only=True, **sizes)
-    graph = import_graph_def(step.graph_def, step.fetches).graph
-    return graph, time.perf_counter() - start
 
 
 def run_one(graph, devices: int, repeats: int, with_baselines: bool) -> dict:

@@ -65,6 +65,12 @@ class Optimized:
     def num_devices(self) -> int:
         return len(self.devices)
 
+    def memory(self, explain: int = 5):
+        """Per device: the estimated peak of the emitted graph (rewrite/memory.py), with
+        the `explain` largest buffers live at it."""
+        from tofu_tf.rewrite.memory import estimate
+        return estimate(self.graph_def, self.fetches, explain=explain)
+
 
 def optimize(graph_def: graph_pb2.GraphDef, fetches: Sequence[str], *,
              feeds: Sequence[str] = (), num_devices: int | None = None,
