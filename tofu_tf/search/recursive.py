@@ -43,6 +43,15 @@ class SearchResult:
     # have to split. If not, that policy's recursion would find this very plan.
     replicates_variables: bool = False
     memory: PlanMemory | None = None      # one device's estimate (search/memory.py)
+    # The last level's model and result, to estimate memory from (dropped once it is).
+    last: tuple[LevelModel, LevelResult] | None = dataclasses.field(
+        default=None, repr=False, compare=False)
+
+    def with_memory(self, graph: Graph) -> "SearchResult":
+        if self.memory is not None or self.last is None:
+            return self
+        return dataclasses.replace(self, memory=plan_memory(graph, device_problem(*self.last)),
+                                   last=None)
 
     @property
     def multipliers(self) -> tuple[int, ...]:
@@ -116,10 +125,11 @@ def _search(graph, topology, solver, entries, options, memory_weight, cache) -> 
             break      # the replicable optimum is feasible and optimal for this policy too
         results.append(_recurse(graph, topology, entries, coarse, options, policy, solver,
                                 cache))
-    if memory_weight:
+    if memory_weight:          # memory decides too: estimate every candidate
+        results = [r.with_memory(graph) for r in results]
         best = min(results, key=lambda r: r.total_bytes + memory_weight * r.memory.peak_bytes)
     else:
-        best = min(results, key=lambda r: r.total_bytes)
+        best = min(results, key=lambda r: r.total_bytes).with_memory(graph)
     return dataclasses.replace(best, seconds=time.perf_counter() - start)
 
 
@@ -136,9 +146,8 @@ def _recurse(graph, topology, entries, coarse, options, policy, solver,
             model = models.send(results[-1])
         except StopIteration:
             break
-    memory = plan_memory(graph, device_problem(model, results[-1]))
     return SearchResult(topology, tuple(results), coarse, time.perf_counter() - start, policy,
-                        replicates, memory)
+                        replicates, last=(model, results[-1]))
 
 
 def device_problem(model: LevelModel, result: LevelResult) -> Problem:
