@@ -13,9 +13,8 @@ install-test: install
 	$(PYTHON) -m pip install -q --no-deps "keras-hub==0.32.0"
 	$(PYTHON) -m pip install -q regex tokenizers kagglehub
 
-demo: install-test
-	$(PYTHON) -m tofu_tf.op_semantics.coverage --model=wresnet
-	$(PYTHON) -m tofu_tf.op_semantics.validate --op=Conv2D,Conv2DBackpropInput,MatMul
+demo: install
+	$(PYTHON) -m tofu_tf.train
 
 test: install-test
 	$(PYTHON) -m pytest -q tests

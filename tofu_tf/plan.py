@@ -19,35 +19,12 @@ import time
 
 from absl import app, flags, logging
 
-FLAGS = flags.FLAGS
-flags.DEFINE_enum("model", "wresnet", ["mlp", "wresnet", "lstm", "transformer"], "model")
-flags.DEFINE_integer("batch_size", 8, "batch size")
-flags.DEFINE_enum("optimizer", "sgd", ["sgd", "momentum", "adam"], "optimizer")
-flags.DEFINE_integer("num_devices", 8, "number of devices (ignored with --topology)")
-flags.DEFINE_string("topology", None, "levels outermost first, e.g. '2x4' or '2@12e9x4@300e9'")
+from tofu_tf import _cli
+from tofu_tf._cli import FLAGS, model_sizes
+
 flags.DEFINE_string("json_out", None, "write the plan report as JSON here")
-flags.DEFINE_string("plan_out", None, "write the full plan (Plan.to_json) here")
 flags.DEFINE_bool("ilp", False, "also solve every level by ILP (small graphs)")
 flags.DEFINE_bool("baselines", True, "also evaluate the baselines")
-flags.DEFINE_string("memory_budget", None,
-                    "largest estimated peak per device, e.g. 12GiB: the least-communication "
-                    "plan that fits, or an error naming the smallest peak reachable")
-# model sizes: only the flags given are passed on; the rest keep the model's defaults
-SIZE_FLAGS = {
-    "depth": int, "widen": int, "base_width": int, "image_size": int, "num_classes": int,
-    "layers": int, "hidden": int, "steps": int, "embedding": int, "vocab": int,
-    "d_model": int, "heads": int, "seq_len": int, "input_dim": int,
-}
-for _name in SIZE_FLAGS:
-    flags.DEFINE_integer(_name, None, f"model size: {_name}")
-
-
-def model_sizes() -> dict:
-    sizes = {name: getattr(FLAGS, name) for name in SIZE_FLAGS
-             if getattr(FLAGS, name) is not None}
-    if "hidden" in sizes and FLAGS.model == "mlp":
-        sizes["hidden"] = (sizes["hidden"],) * 2
-    return sizes
 
 
 def build_graph(model: str, batch_size: int, optimizer: str, sizes: dict):
@@ -56,11 +33,6 @@ def build_graph(model: str, batch_size: int, optimizer: str, sizes: dict):
     from tofu_tf.rewrite.graphdef_io import import_graph_def
     step = build(model, optimizer=optimizer, batch_size=batch_size, graph_only=True, **sizes)
     return import_graph_def(step.graph_def, step.fetches).graph
-
-
-def budget_bytes() -> int | None:
-    from tofu_tf.options import parse_bytes
-    return parse_bytes(FLAGS.memory_budget) if FLAGS.memory_budget else None
 
 
 def report(plan, graph, topology, *, with_baselines: bool, with_ilp: bool,
@@ -73,7 +45,7 @@ def report(plan, graph, topology, *, with_baselines: bool, with_ilp: bool,
             "num_ops": plan.num_ops, "num_groups": plan.num_groups, "exact": plan.exact,
             "per_device_peak_bytes": list(plan.per_device_peak_bytes),
             "single_device_peak_bytes": plan.single_device_peak_bytes,
-            "memory_budget_bytes": budget_bytes()}
+            "memory_budget_bytes": _cli.options().memory_budget_bytes}
     if with_baselines:
         from tofu_tf.search.baselines import BASELINES
         data["baselines"] = {name: fn(graph, topology).total_bytes
@@ -87,18 +59,15 @@ def report(plan, graph, topology, *, with_baselines: bool, with_ilp: bool,
 def main(argv) -> int:
     del argv
     from tofu_tf.errors import TofuError
-    from tofu_tf.options import Options
     from tofu_tf.search.plan import make_plan
-    from tofu_tf.search.topology import Topology
     try:
-        topology = (Topology.parse(FLAGS.topology) if FLAGS.topology
-                    else Topology.default(FLAGS.num_devices))
+        topology = _cli.topology()
         start = time.perf_counter()
         logging.info("building and importing %s ...", FLAGS.model)
         graph = build_graph(FLAGS.model, FLAGS.batch_size, FLAGS.optimizer, model_sizes())
         build_seconds = time.perf_counter() - start
         logging.info("planning %d ops over %s ...", len(graph), topology)
-        plan = make_plan(graph, topology, options=Options(memory_budget_bytes=budget_bytes()))
+        plan = make_plan(graph, topology, options=_cli.options())
         print(plan)
         data = report(plan, graph, topology, with_baselines=FLAGS.baselines,
                       with_ilp=FLAGS.ilp, build_seconds=build_seconds)
@@ -112,9 +81,7 @@ def main(argv) -> int:
     if FLAGS.json_out:
         with open(FLAGS.json_out, "w") as f:
             json.dump(data, f, indent=2, sort_keys=True)
-    if FLAGS.plan_out:
-        with open(FLAGS.plan_out, "w") as f:
-            f.write(plan.to_json())
+    _cli.write_plan(plan)
     return 0
 
 

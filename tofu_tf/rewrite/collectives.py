@@ -47,7 +47,7 @@ def reduce_all(em, t: str, op: str) -> dict[int, dict[Box, tf.Tensor]]:
     for d in range(em.n):
         group = em.parts.group(d, levels)
         with em._device(d):
-            pieces[d] = {e: em._cut(em.produced[t][d], targets[e]) for e in group
+            pieces[d] = {e: em._cut(em.produced[t][d], targets[e], d) for e in group
                          if targets[e] is not None}
     for level in reversed(levels):                         # reduce-scatter, inner first
         new: dict[int, dict[int, tf.Tensor]] = {}

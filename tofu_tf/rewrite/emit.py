@@ -130,6 +130,7 @@ class _Emitter:
         self.variable_of = {v.handle: v for v in graph.variables.values()}
         self.sent: set[tuple[str, int]] = set()          # (tensor in the graph, device)
         self.fed: dict[str, _Value] = {}                  # placeholder tensor -> whole feed
+        self._int_consts: dict[tuple, tf.Tensor] = {}      # (device, values) -> Const
 
     # -- driver ----------------------------------------------------------------------------
     def run(self, expose: Sequence[str] = ()) -> Emitted:
@@ -210,7 +211,7 @@ class _Emitter:
         for o, t in enumerate(op.outputs):
             result = created.outputs[o]
             out = piece.outputs[o]
-            result = self._crop(result, out.crop)
+            result = self._crop(result, out.crop, piece.device)
             if out.scale != 1.0:
                 result = tf.math.multiply(result, tf.constant(out.scale, result.dtype),
                                           name=self._name(op.name + "/scale"))
@@ -255,11 +256,11 @@ class _Emitter:
             controls += self.reads.get((op.inputs[c.alias], piece.device), [])
         return controls
 
-    def _crop(self, tensor: tf.Tensor, crop: Box) -> tf.Tensor:
+    def _crop(self, tensor: tf.Tensor, crop: Box, d: int) -> tf.Tensor:
         shape = tensor.shape.as_list()
         if all(a == 0 and b == n for (a, b), n in zip(crop, shape)) and len(crop) == len(shape):
             return tensor
-        return _slice(tensor, crop, self._name("crop"))
+        return self._slice(tensor, crop, "crop", d)
 
     # -- inputs ----------------------------------------------------------------------------
     def _input(self, op, piece: DeviceOp, i: int, t: str) -> tf.Tensor:
@@ -305,7 +306,7 @@ class _Emitter:
         if _contains(self.parts.stored[t][d], box):
             own = self._stored(t, d, op)
             with self._device(d):
-                return self._cut(own, box)
+                return self._cut(own, box, d)
         sources = [self._stored(t, e, op) for e in range(self.n)]
         return self._assemble(t, box, d, sources, "fetch", op)
 
@@ -335,7 +336,7 @@ class _Emitter:
         with self._device(d):
             for e, value in pieces:
                 if e == d and _contains(value.box, box):
-                    return self._cut(value, box)
+                    return self._cut(value, box, d)
 
         def cell_value(cell: Box) -> tf.Tensor:
             found = self._source(cell, d, pieces)
@@ -344,7 +345,7 @@ class _Emitter:
                                    node=op, fix="the plan's states do not cover the tensor.")
             src, value = found
             with self._device(src):
-                piece = self._cut(value, cell)
+                piece = self._cut(value, cell, src)
             self.send(kind, t, op, piece, src, d, cell)
             return piece
 
@@ -391,11 +392,26 @@ class _Emitter:
                                             _prefix(self.parts.coordinates(ev[0]), mine),
                                             -ev[0]))
 
-    def _cut(self, value: _Value, box: Box) -> tf.Tensor:
+    def _cut(self, value: _Value, box: Box, d: int) -> tf.Tensor:
+        """`box` (tensor coords) of a value, sliced on device d."""
         if value.box == box:
             return value.tensor
         local = tuple((a - va, b - va) for (a, b), (va, _) in zip(box, value.box))
-        return _slice(value.tensor, local, self._name("slice"))
+        return self._slice(value.tensor, local, "slice", d)
+
+    def _slice(self, tensor: tf.Tensor, box: Box, base: str, d: int) -> tf.Tensor:
+        with self._device(d):
+            return tf.slice(tensor, self._ints(d, tuple(a for a, _ in box)),
+                            self._ints(d, tuple(b - a for a, b in box)), name=self._name(base))
+
+    def _ints(self, d: int, values: tuple[int, ...]) -> tf.Tensor:
+        """An int32 vector constant on device d, one per value (slices share them); made
+        outside any control-dependency scope so that sharing it adds no ordering."""
+        key = (d, values)
+        if key not in self._int_consts:
+            with tf.control_dependencies(None), self._device(d):
+                self._int_consts[key] = tf.constant(values, tf.int32, name=self._name("ints"))
+        return self._int_consts[key]
 
     # -- partial results -------------------------------------------------------------------
     def _reduced(self, t: str, d: int, box: Box, op: str) -> tf.Tensor:
@@ -431,7 +447,7 @@ class _Emitter:
                                  tuple((0, n) for n in self.graph.tensors[t].shape))
         out = piece.outputs[0]
         with self._device(0):
-            value = self._cut(self.fed[t], out.box)
+            value = self._cut(self.fed[t], out.box, 0)
         self.send("feed", t, op.name, value, 0, piece.device, out.box)
         self.produced[t][piece.device] = _Value(tf.identity(value, name=self._name(op.name))
                                                 if piece.device else value, out.box)
@@ -536,10 +552,6 @@ def _local_attrs(op, node, local_attrs) -> dict:
             continue
         attrs[key] = to_attr_value(node.attr[key] if key in node.attr else None, value)
     return attrs
-
-
-def _slice(tensor: tf.Tensor, box: Box, name: str) -> tf.Tensor:
-    return tf.slice(tensor, [a for a, _ in box], [b - a for a, b in box], name=name)
 
 
 def _contains(outer: Box, inner: Box) -> bool:

@@ -1,0 +1,53 @@
+"""The absl binaries, run as a user runs them: exit status, output, files written."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+
+
+def _run(module: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True,
+                          text=True, env=ENV, timeout=timeout)
+
+
+def test_train_matches_the_unpartitioned_step(tmp_path):
+    plan_path = tmp_path / "plan.json"
+    run = _run("tofu_tf.train", "--model=mlp", "--num_devices=4", "--steps=3",
+               "--optimizer=adam", f"--plan_out={plan_path}")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "MATCH: 3 steps on 4 devices" in run.stdout
+    assert run.stderr.count("loss") >= 3                  # absl logs a line per step
+    plan = json.loads(plan_path.read_text())
+    assert len(plan["per_device_peak_bytes"]) == 4 and plan["single_device_peak_bytes"] > 0
+
+
+def test_train_with_an_impossible_budget_exits_2_with_the_fix():
+    run = _run("tofu_tf.train", "--model=mlp", "--num_devices=4", "--memory_budget=1KiB")
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert "error:" in run.stderr and "raise the budget to at least" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("bad", ["--memory_budget=lots", "--num_devices=1"])
+def test_bad_flags_exit_2_without_a_traceback(bad):
+    run = _run("tofu_tf.plan", "--model=mlp", bad, "--nobaselines")
+    assert run.returncode == 2 and "error:" in run.stderr, run.stderr[-3000:]
+    assert "Traceback" not in run.stderr
+
+
+def test_plan_json_has_the_memory_fields(tmp_path):
+    out = tmp_path / "report.json"
+    run = _run("tofu_tf.plan", "--model=transformer", "--num_devices=8", "--nobaselines",
+               "--memory_budget=300KiB", f"--json_out={out}")
+    assert run.returncode == 0, run.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert len(data["per_device_peak_bytes"]) == 8
+    assert max(data["per_device_peak_bytes"]) <= data["memory_budget_bytes"] == 300 * 1024
+    assert data["single_device_peak_bytes"] > max(data["per_device_peak_bytes"])

@@ -1,0 +1,54 @@
+"""Flags and helpers the binaries share (`tofu_tf.plan`, `tofu_tf.train`)."""
+
+from __future__ import annotations
+
+from absl import flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_enum("model", "wresnet", ["mlp", "wresnet", "lstm", "transformer"], "model")
+flags.DEFINE_integer("batch_size", 8, "batch size")
+flags.DEFINE_enum("optimizer", "sgd", ["sgd", "momentum", "adam"], "optimizer")
+flags.DEFINE_integer("num_devices", 8, "number of devices (ignored with --topology)")
+flags.DEFINE_string("topology", None, "levels outermost first, e.g. '2x4' or '2@12e9x4@300e9'")
+flags.DEFINE_string("memory_budget", None,
+                    "largest estimated peak per device, e.g. 12GiB: the least-communication "
+                    "plan that fits, or an error naming the smallest peak reachable")
+flags.DEFINE_string("plan_out", None, "write the full plan (Plan.to_json) here")
+# model sizes: only the flags given are passed on; the rest keep the model's defaults
+SIZE_FLAGS = {
+    "depth": int, "widen": int, "base_width": int, "image_size": int, "num_classes": int,
+    "layers": int, "hidden": int, "steps_per_sequence": int, "embedding": int, "vocab": int,
+    "d_model": int, "heads": int, "seq_len": int, "input_dim": int,
+}
+for _name in SIZE_FLAGS:
+    flags.DEFINE_integer(_name, None, f"model size: {_name}")
+
+
+def model_sizes() -> dict:
+    """The size flags given, as `models.build` keywords."""
+    sizes = {name: getattr(FLAGS, name) for name in SIZE_FLAGS
+             if getattr(FLAGS, name) is not None}
+    if "steps_per_sequence" in sizes:                  # the LSTM's unrolled time steps
+        sizes["steps"] = sizes.pop("steps_per_sequence")
+    if "hidden" in sizes and FLAGS.model == "mlp":
+        sizes["hidden"] = (sizes["hidden"],) * 2
+    return sizes
+
+
+def topology():
+    from tofu_tf.search.topology import Topology
+    return (Topology.parse(FLAGS.topology) if FLAGS.topology
+            else Topology.default(FLAGS.num_devices))
+
+
+def options(**overrides):
+    """Options from the flags (the memory budget), with `overrides`."""
+    from tofu_tf.options import Options, parse_bytes
+    budget = parse_bytes(FLAGS.memory_budget) if FLAGS.memory_budget else None
+    return Options(memory_budget_bytes=budget, **overrides)
+
+
+def write_plan(plan) -> None:
+    if FLAGS.plan_out:
+        with open(FLAGS.plan_out, "w") as f:
+            f.write(plan.to_json())
