@@ -7,6 +7,7 @@ that make them move. `make_plan(graph, topology)` runs the search.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -198,8 +199,8 @@ def _within_budget(graph: Graph, topology: Topology, options: Options) -> Search
     tried: list[SearchResult] = []
 
     def run(weight: float) -> SearchResult:
-        tried.append(search(graph, topology, options=options, memory_weight=weight,
-                            cache=cache))
+        tried.append(dataclasses.replace(search(
+            graph, topology, options=options, memory_weight=weight, cache=cache), last=None))
         return tried[-1]
 
     def fits(result: SearchResult) -> bool:

@@ -43,15 +43,14 @@ class SearchResult:
     # have to split. If not, that policy's recursion would find this very plan.
     replicates_variables: bool = False
     memory: PlanMemory | None = None      # one device's estimate (search/memory.py)
-    # The last level's model and result, to estimate memory from (dropped once it is).
+    # The last level's model and result: what one device holds and runs (memory, time).
     last: tuple[LevelModel, LevelResult] | None = dataclasses.field(
         default=None, repr=False, compare=False)
 
     def with_memory(self, graph: Graph) -> "SearchResult":
         if self.memory is not None or self.last is None:
             return self
-        return dataclasses.replace(self, memory=plan_memory(graph, device_problem(*self.last)),
-                                   last=None)
+        return dataclasses.replace(self, memory=plan_memory(graph, device_problem(*self.last)))
 
     @property
     def multipliers(self) -> tuple[int, ...]:

@@ -1,0 +1,247 @@
+"""Predicted step time of a plan on a device profile. No TensorFlow.
+
+Per op (what one device runs: the part-0 local op of every cut, `device_problem`):
+    time = max(flops / (peak_flops x efficiency), bytes / memory_bandwidth) + op_overhead
+where `flops` comes from the op's TDL description — per output element, one per
+arithmetic node, times the extent of every reduction around it (a Sum over k of A*B: 2k)
+— and `bytes` are the local op's inputs and outputs. Ops without a description count one
+flop per output element.
+Per level l of the plan, the bytes it moves are spread evenly over the devices, each
+moving them over the level's link in α-β fashion:
+    time_l = bytes_l / (devices x link_bandwidth_l) + transfers_l / devices x latency_l
+Assumptions, stated: computation and communication do not overlap (a device waits for its
+inputs; an upper bound on TensorFlow's executor, which overlaps independent ops); devices
+run in parallel unless the profile says they share `cores` (logical CPU devices: the
+step then takes at least the work of all devices divided by the cores); every kernel
+reaches the same fraction of peak (`efficiency`, calibrated on this CPU).
+
+The alternatives the paper compared against (`alternatives`) are predicted from the same
+per-op model: Ideal (data parallelism as if memory were unlimited), SmallBatch (data
+parallelism with the largest per-device batch that fits; memory and compute scaled
+linearly in the batch), Swap (data parallelism with the overflow swapped out and back in
+over the host link each step) and OpPlacement (layers spread over the devices in order,
+no pipelining: one device busy at a time, activations crossing each boundary).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from tofu_tf.graph import DTYPE_SIZES, Graph
+from tofu_tf.op_semantics.registry import Semantics
+from tofu_tf.op_semantics.tdl import Access, Apply, Const, Expr, Reduce, Var
+from tofu_tf.search.problem import Problem
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    name: str
+    peak_flops: float                 # FLOP/s of one device at the training dtype
+    memory_bandwidth: float           # bytes/s
+    memory_bytes: int                 # capacity per device
+    link_bandwidth: float             # bytes/s per device between devices (one host)
+    link_latency: float               # seconds per transfer
+    host_bandwidth: float             # bytes/s per device to host memory (swapping)
+    op_overhead: float = 5e-6         # seconds per kernel (launch, executor)
+    efficiency: float = 0.6           # fraction of peak FLOP/s kernels reach
+    cores: int | None = None          # devices share this many cores (logical CPUs)
+    notes: str = ""
+
+
+GIB = 2 ** 30
+PROFILES: dict[str, DeviceProfile] = {p.name: p for p in (
+    DeviceProfile("paper_pcie_8gpu", 12.1e12, 547e9, 12 * GIB, 10e9, 10e-6, 10e9,
+                  notes="8 x Titan-Xp-class GPUs (12 GB) on PCIe 3.0, fp32"),
+    DeviceProfile("v100_nvlink_8", 15.7e12, 900e9, 16 * GIB, 130e9, 5e-6, 12e9,
+                  notes="8 x V100 SXM2 16 GB, NVLink hybrid cube mesh, fp32"),
+    DeviceProfile("a100_8", 156e12, 1555e9, 40 * GIB, 300e9, 3e-6, 25e9,
+                  notes="8 x A100 40 GB, NVSwitch, TF32 tensor cores"),
+    DeviceProfile("h100_8", 495e12, 3350e9, 80 * GIB, 450e9, 3e-6, 50e9,
+                  notes="8 x H100 SXM 80 GB, NVLink 4, TF32 tensor cores"),
+    DeviceProfile("this_cpu", 50e9, 10e9, 24 * GIB, 10e9, 20e-6, 10e9, op_overhead=40e-6,
+                  efficiency=1.0, cores=2,
+                  notes="this 2-core machine, logical CPU devices; calibrated by "
+                        "bench/simulate.py (the figures here are its defaults)"),
+)}
+
+
+# -- per-op cost from the description ----------------------------------------------------
+
+def expr_flops(expr: Expr) -> float:
+    """Arithmetic per evaluation of `expr` (index arithmetic inside accesses is free)."""
+    if isinstance(expr, (Var, Const, Access)):
+        return 0.0
+    if isinstance(expr, Apply):
+        return 1.0 + sum(expr_flops(a) for a in expr.args)
+    if isinstance(expr, Reduce):
+        terms = math.prod(v.extent or 1 for v in expr.vars)
+        per_term = expr_flops(expr.body) + (0.0 if expr.reducer == "window" else 1.0)
+        return terms * per_term
+    return 1.0
+
+
+def op_flops(sem: Semantics) -> float:
+    total = 0.0
+    for compute, shape in zip(sem.computes, sem.output_shapes):
+        elements = math.prod(shape)
+        total += elements * (max(expr_flops(compute.body), 1.0) if compute is not None
+                             else 1.0)
+    return total
+
+
+def op_bytes(sem: Semantics, dtypes: list[str]) -> float:
+    shapes = [s for i, s in enumerate(sem.input_shapes) if i not in sem.meta_inputs]
+    shapes += list(sem.output_shapes)
+    itemsize = DTYPE_SIZES.get(dtypes[0], 4) if dtypes else 4
+    return float(sum(math.prod(s) for s in shapes) * itemsize)
+
+
+@dataclass(frozen=True)
+class StepTime:
+    compute_seconds: float            # one device's ops
+    communication_seconds: float
+    seconds: float                    # the step
+    flops: float                      # one device's
+    ops: int
+
+    def samples_per_second(self, batch: int) -> float:
+        return batch / self.seconds
+
+
+def op_seconds(sem: Semantics, dtypes: list[str], profile: DeviceProfile) -> float:
+    return max(op_flops(sem) / (profile.peak_flops * profile.efficiency),
+               op_bytes(sem, dtypes) / profile.memory_bandwidth) + profile.op_overhead
+
+
+def compute_seconds(graph: Graph, device: Problem, profile: DeviceProfile
+                    ) -> tuple[float, float, int]:
+    """(seconds, flops, ops) of one device's local ops (`device`: recursive.device_problem)."""
+    seconds = flops = 0.0
+    for op in device.ops:
+        dtypes = [device.tensors[t].dtype for t in op.outputs] or ["float32"]
+        seconds += op_seconds(op.sem, dtypes, profile)
+        flops += op_flops(op.sem)
+    return seconds, flops, len(device.ops)
+
+
+def step_time(graph: Graph, device: Problem, level_bytes, transfers, num_devices: int,
+              profile: DeviceProfile, links=None) -> StepTime:
+    """The step under a plan: `level_bytes` and `transfers` per level (all devices),
+    `links`: per level (bandwidth, latency), else the profile's link for every level."""
+    compute, flops, ops = compute_seconds(graph, device, profile)
+    links = links or [(profile.link_bandwidth, profile.link_latency)] * len(level_bytes)
+    communication = sum(b / (num_devices * bw) + n / num_devices * lat
+                        for b, n, (bw, lat) in zip(level_bytes, transfers, links))
+    seconds = compute + communication
+    if profile.cores is not None and profile.cores < num_devices:
+        seconds = max(seconds, compute * num_devices / profile.cores + communication)
+    return StepTime(compute, communication, seconds, flops, ops)
+
+
+def plan_step_time(graph: Graph, result, profile: DeviceProfile) -> StepTime:
+    """A SearchResult's step (its last level's model and result give the device's ops)."""
+    from tofu_tf.search.recursive import device_problem
+    model, last = result.last if result.last is not None else (None, None)
+    if model is None:
+        raise ValueError("the search result no longer holds its last level")
+    device = device_problem(model, last)
+    transfers = [len(level.breakdown) * m for level, m in zip(result.levels, result.multipliers)]
+    return step_time(graph, device, result.bytes_per_level, transfers,
+                     result.topology.num_devices, profile)
+
+
+def single_step_time(graph: Graph, profile: DeviceProfile) -> StepTime:
+    """The unpartitioned step on one device."""
+    from tofu_tf.op_semantics.catalog import catalog
+    entries = catalog(graph)
+    seconds = flops = 0.0
+    ops = 0
+    for op in graph:
+        sem = entries[op.name].semantics
+        if sem is None:
+            continue
+        dtypes = [graph.tensors[t].dtype for t in op.outputs] or ["float32"]
+        seconds += op_seconds(sem, dtypes, profile)
+        flops += op_flops(sem)
+        ops += 1
+    return StepTime(seconds, 0.0, seconds, flops, ops)
+
+
+# -- the alternatives --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Alternative:
+    name: str
+    samples_per_second: float | None      # None: cannot run (out of memory)
+    peak_bytes: int | None = None
+    detail: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Layers spread over devices in order: the ops cut into `devices` contiguous runs of
+    equal flops; what crosses a cut is sent once to each later run that reads it."""
+    boundary_bytes: float
+    crossings: int
+    peak_bytes: int                     # the largest run's variables + transient share
+
+
+def op_placement(graph: Graph, num_devices: int, single_peak: int, single_persistent: int
+                 ) -> Placement:
+    from tofu_tf.op_semantics.catalog import catalog
+    entries = catalog(graph)
+    ops = list(graph)
+    flops = [op_flops(entries[op.name].semantics) if entries[op.name].semantics else 0.0
+             for op in ops]
+    total, run, acc = sum(flops) or 1.0, {}, 0.0
+    for op, f in zip(ops, flops):
+        run[op.name] = min(int(acc / total * num_devices), num_devices - 1)
+        acc += f
+    sent, crossings = 0.0, 0
+    held = [0] * num_devices
+    for op in ops:
+        for t in op.outputs:
+            readers = {run[c.name] for c in graph.consumers(t)} - {run[op.name]}
+            crossings += len(readers)
+            sent += len(readers) * graph.tensor(t).num_bytes
+    for v in graph.variables.values():
+        held[run[v.name]] += v.num_bytes
+    transient = single_peak - single_persistent
+    return Placement(sent, crossings, int(max(held) + transient / num_devices))
+
+
+def alternatives(*, batch: int, num_devices: int, profile: DeviceProfile,
+                 single: StepTime, dp: StepTime, dp_peak: int, dp_persistent: int,
+                 placement: Placement) -> list[Alternative]:
+    """Ideal, SmallBatch, Swap and OpPlacement (module docstring) from the unpartitioned
+    step, the data-parallel plan (its step, peak and persistent bytes per device) and the
+    op placement."""
+    capacity = profile.memory_bytes
+    out = [Alternative("Ideal", batch / dp.seconds, dp_peak)]
+    # SmallBatch: per-device batch b of batch / devices; activations and compute ~ b.
+    per_device = max(batch // num_devices, 1)
+    small = None
+    for b in range(per_device, 0, -1):
+        peak = dp_persistent + (dp_peak - dp_persistent) * b / per_device
+        if peak <= capacity:
+            seconds = dp.compute_seconds * b / per_device + dp.communication_seconds
+            small = Alternative("SmallBatch", b * num_devices / seconds, int(peak),
+                                {"per_device_batch": b})
+            break
+    out.append(small or Alternative("SmallBatch", None, int(dp_persistent)))
+    # Swap: the overflow out and back in over the host link, every step.
+    if dp_persistent > capacity:
+        out.append(Alternative("Swap", None, dp_peak, {"reason": "weights alone overflow"}))
+    else:
+        overflow = max(dp_peak - capacity, 0)
+        seconds = dp.seconds + 2 * overflow / profile.host_bandwidth
+        out.append(Alternative("Swap", batch / seconds, dp_peak, {"swapped_bytes": overflow}))
+    # OpPlacement: one device busy at a time.
+    if placement.peak_bytes > capacity:
+        out.append(Alternative("OpPlacement", None, placement.peak_bytes))
+    else:
+        seconds = (single.seconds + placement.boundary_bytes / profile.link_bandwidth
+                   + placement.crossings * profile.link_latency)
+        out.append(Alternative("OpPlacement", batch / seconds, placement.peak_bytes))
+    return out
