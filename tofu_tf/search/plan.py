@@ -7,7 +7,6 @@ that make them move. `make_plan(graph, topology)` runs the search.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import time
@@ -190,7 +189,7 @@ def plan_from_search(result: SearchResult, graph: Graph) -> Plan:
 MIN_MEMORY_WEIGHT, MAX_MEMORY_WEIGHT, WEIGHT_STEPS = 2.0 ** -6, 2.0 ** 16, 6
 
 
-def _within_budget(graph: Graph, topology: Topology, options: Options) -> SearchResult:
+def search_within_budget(graph: Graph, topology: Topology, options: Options) -> SearchResult:
     """Least bytes moved among plans that fit the budget: the plain optimum if it fits,
     else searches that also weigh the bytes each device stores, the weight bisected (in
     log scale) down to the smallest that still fits."""
@@ -199,8 +198,8 @@ def _within_budget(graph: Graph, topology: Topology, options: Options) -> Search
     tried: list[SearchResult] = []
 
     def run(weight: float) -> SearchResult:
-        tried.append(dataclasses.replace(search(
-            graph, topology, options=options, memory_weight=weight, cache=cache), last=None))
+        tried.append(search(graph, topology, options=options, memory_weight=weight,
+                            cache=cache))
         return tried[-1]
 
     def fits(result: SearchResult) -> bool:
@@ -234,7 +233,7 @@ def make_plan(graph: Graph, topology: Topology | None = None, *, num_devices: in
     if options.memory_budget_bytes is None:
         result = search(graph, topology, options=options)
     else:
-        result = _within_budget(graph, topology, options)
+        result = search_within_budget(graph, topology, options)
     plan = plan_from_search(result, graph)
     return Plan(**{**{f: getattr(plan, f) for f in plan.__dataclass_fields__},
                    "search_seconds": time.perf_counter() - start})

@@ -180,31 +180,67 @@ class Alternative:
 
 @dataclass(frozen=True)
 class Placement:
-    """Layers spread over devices in order: the ops cut into `devices` contiguous runs of
-    equal flops; what crosses a cut is sent once to each later run that reads it."""
+    """Layers spread over devices in order. A layer is what reads one variable: the
+    variables, in the order the forward pass first reads them, are cut into `devices`
+    contiguous runs of equal forward flops; a forward op goes with the variable it reads,
+    else with its first placed input; a gradient op with its forward op; anything else
+    with its first placed input, and a source with its first reader. What crosses
+    devices is sent once to each other device that reads it."""
     boundary_bytes: float
     crossings: int
-    peak_bytes: int                     # the largest run's variables + transient share
+    peak_bytes: int                     # the largest device's variables + transient share
 
 
 def op_placement(graph: Graph, num_devices: int, single_peak: int, single_persistent: int
                  ) -> Placement:
+    from tofu_tf.graph import Role, split_tensor_name
     from tofu_tf.op_semantics.catalog import catalog
     entries = catalog(graph)
-    ops = list(graph)
-    flops = [op_flops(entries[op.name].semantics) if entries[op.name].semantics else 0.0
-             for op in ops]
-    total, run, acc = sum(flops) or 1.0, {}, 0.0
-    for op, f in zip(ops, flops):
-        run[op.name] = min(int(acc / total * num_devices), num_devices - 1)
-        acc += f
+    forward = [op for op in graph if op.role is Role.FORWARD]
+    variable_of = {r: v.name for v in graph.variables.values() for r in v.read_ops}
+
+    def reads(op) -> str | None:
+        for t in op.inputs:
+            name = split_tensor_name(t)[0]
+            if name in variable_of:
+                return variable_of[name]
+        return None
+
+    work: dict[str, float] = {}                        # variable -> its forward flops
+    for op in forward:
+        variable = reads(op)
+        if variable is not None and entries[op.name].semantics is not None:
+            work[variable] = work.get(variable, 0.0) + op_flops(entries[op.name].semantics)
+    total, acc, run = sum(work.values()) or 1.0, 0.0, {}
+    for variable, flops in work.items():               # dicts keep first-use order
+        run[variable] = min(int(acc / total * num_devices), num_devices - 1)
+        acc += flops
+    for op in forward:
+        variable = reads(op)
+        if variable is not None:
+            run[op.name] = run[variable]
+    for op in graph:
+        if op.name in run:
+            continue
+        if op.forward_op in run:
+            run[op.name] = run[op.forward_op]
+            continue
+        placed = [run[split_tensor_name(t)[0]] for t in op.inputs
+                  if split_tensor_name(t)[0] in run]
+        if placed:
+            run[op.name] = placed[0]
+    for op in graph:                                   # sources: their first reader's
+        if op.name not in run:
+            readers = [run[c.name] for t in op.outputs for c in graph.consumers(t)
+                       if c.name in run]
+            run[op.name] = readers[0] if readers else 0
     sent, crossings = 0.0, 0
-    held = [0] * num_devices
-    for op in ops:
+    for op in graph:
         for t in op.outputs:
             readers = {run[c.name] for c in graph.consumers(t)} - {run[op.name]}
             crossings += len(readers)
             sent += len(readers) * graph.tensor(t).num_bytes
+    held = [0] * num_devices
     for v in graph.variables.values():
         held[run[v.name]] += v.num_bytes
     transient = single_peak - single_persistent

@@ -1,0 +1,180 @@
+"""The paper's evaluation, simulated: tofu against the alternatives on two 8-device boxes.
+
+    python bench/paper.py                              # every config, both profiles
+    python bench/paper.py --only=wresnet-50-w4 --profiles=h100_8
+
+For WResNet 50/101/152 x widen 4/6/8/10 and LSTM 4/6/8/10 layers x hidden 4096-10240
+(batch 8, bench/common.py) on the paper-era 8-GPU PCIe box and on 8 x H100
+(search/simulate.py profiles), the predicted throughput (samples/s) of
+- tofu: the least-communication plan whose estimated peak fits the device (a budget of
+  the device's memory; none: out of memory);
+- Ideal, SmallBatch, Swap, OpPlacement (search/simulate.py states each model).
+Every figure is a prediction of tofu_tf's simulator, not a measurement; bench/simulate.py
+reports that simulator's error where it can be measured (this CPU). Results go to
+bench/results/paper.{json,md} and paper_<profile>.png.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from absl import app, flags
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import configurations, load, machine  # noqa: E402  (bench/common.py)
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("only", "", "comma-separated configuration names (default: all)")
+flags.DEFINE_string("profiles", "paper_pcie_8gpu,h100_8", "comma-separated device profiles")
+flags.DEFINE_bool("fresh", False, "start from empty results instead of merging")
+
+RESULTS = Path(__file__).parent / "results"
+SYSTEMS = ("tofu", "Ideal", "SmallBatch", "Swap", "OpPlacement")
+PAPER_SPEEDUP = "25%-400%"
+
+
+def run_config(graph, batch: int, profile) -> dict:
+    from tofu_tf.errors import PlanInfeasibleError
+    from tofu_tf.options import Options
+    from tofu_tf.search.baselines import data_parallel
+    from tofu_tf.search.memory import single_device_peak
+    from tofu_tf.search.plan import search_within_budget
+    from tofu_tf.search.simulate import (alternatives, op_placement, plan_step_time,
+                                         single_step_time)
+    from tofu_tf.search.topology import Topology
+    topology = Topology.default(8)
+    row: dict = {}
+    start = time.perf_counter()
+    try:
+        tofu = search_within_budget(graph, topology,
+                                    Options(memory_budget_bytes=profile.memory_bytes))
+        step = plan_step_time(graph, tofu, profile)
+        row["tofu"] = {"samples_per_second": batch / step.seconds,
+                       "peak_bytes": tofu.memory.peak_bytes, "bytes_moved": tofu.total_bytes,
+                       "compute_seconds": step.compute_seconds,
+                       "communication_seconds": step.communication_seconds}
+    except PlanInfeasibleError as error:
+        row["tofu"] = {"samples_per_second": None, "peak_bytes": error.best_peak_bytes}
+    row["tofu_search_seconds"] = time.perf_counter() - start
+    single = single_step_time(graph, profile)
+    peak = single_device_peak(graph)
+    dp = data_parallel(graph, topology)
+    placement = op_placement(graph, 8, peak.peak_bytes, peak.persistent_bytes)
+    for alt in alternatives(batch=batch, num_devices=8, profile=profile, single=single,
+                            dp=plan_step_time(graph, dp, profile),
+                            dp_peak=dp.memory.peak_bytes,
+                            dp_persistent=dp.memory.persistent_bytes, placement=placement):
+        row[alt.name] = {"samples_per_second": alt.samples_per_second,
+                         "peak_bytes": alt.peak_bytes, **alt.detail}
+    row["single_peak_bytes"] = peak.peak_bytes
+    tofu_rate = row["tofu"]["samples_per_second"]
+    row["speedup"] = {name: (tofu_rate / row[name]["samples_per_second"] - 1)
+                      for name in SYSTEMS[1:]
+                      if tofu_rate and row[name]["samples_per_second"]}
+    return row
+
+
+def table(stored: dict) -> str:
+    lines = ["# The paper's evaluation, simulated (8 devices, batch 8)", "",
+             f"Command: `{stored.get('command', '')}`  ", f"Machine: {stored.get('machine')}",
+             "", "Predicted samples/s; OOM: the system cannot run the config on that device "
+             "(its estimated peak exceeds the device's memory). Speedup: tofu over the "
+             "fastest alternative that runs.", ""]
+    for profile, rows in sorted(stored.get("profiles", {}).items()):
+        lines += [f"## {profile}", "", "| config | " + " | ".join(SYSTEMS) +
+                  " | tofu vs best runnable alternative |",
+                  "|---|" + "---:|" * (len(SYSTEMS) + 1)]
+        speedups, cannot = [], {name: 0 for name in SYSTEMS}
+        for name, row in sorted(rows.items()):
+            cells = []
+            for system in SYSTEMS:
+                rate = row[system]["samples_per_second"]
+                cells.append("OOM" if rate is None else f"{rate:.2f}")
+                cannot[system] += rate is None
+            others = [row[s]["samples_per_second"] for s in SYSTEMS[1:]
+                      if s != "Ideal" and row[s]["samples_per_second"]]
+            tofu = row["tofu"]["samples_per_second"]
+            if tofu and others:
+                speedups.append(tofu / max(others) - 1)
+                versus = f"{tofu / max(others) - 1:+.0%}"
+            else:
+                versus = "only tofu runs" if tofu else "—"
+            lines.append(f"| {name} | " + " | ".join(cells) + f" | {versus} |")
+        lines += ["", "Configs each system cannot run: " + ", ".join(
+            f"{s} {n}/{len(rows)}" for s, n in cannot.items()) + ".  "]
+        if speedups:
+            lines.append(f"tofu over the best runnable alternative (Ideal excluded: it "
+                         f"assumes unlimited memory): {min(speedups):+.0%} to "
+                         f"{max(speedups):+.0%} (the paper: {PAPER_SPEEDUP}).")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(stored: dict) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    for profile, rows in stored.get("profiles", {}).items():
+        names = sorted(rows)
+        fig, ax = plt.subplots(figsize=(max(8, len(names) * 0.5), 4.5))
+        width = 0.8 / len(SYSTEMS)
+        for i, system in enumerate(SYSTEMS):
+            xs = [x + i * width for x in range(len(names))]
+            rates = [rows[n][system]["samples_per_second"] for n in names]
+            ax.bar([x for x, r in zip(xs, rates) if r], [r for r in rates if r], width,
+                   label=system)
+            ax.plot([x for x, r in zip(xs, rates) if not r], [0] * sum(not r for r in rates),
+                    "x", color="black", markersize=4)
+        ax.set_yscale("log")
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(names))])
+        ax.set_xticklabels(names, rotation=70, fontsize=7)
+        ax.set_ylabel("samples / s (predicted); x = out of memory")
+        ax.set_title(f"tofu and the alternatives on {profile}")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(RESULTS / f"paper_{profile}.png", dpi=120)
+        plt.close(fig)
+
+
+def write(stored: dict) -> str:
+    stored["machine"] = machine()
+    stored["command"] = " ".join(sys.argv)
+    (RESULTS / "paper.json").write_text(json.dumps(stored, indent=1, sort_keys=True,
+                                                   default=str))
+    markdown = table(stored)
+    (RESULTS / "paper.md").write_text(markdown + "\n")
+    return markdown
+
+
+def main(argv) -> int:
+    del argv
+    from tofu_tf.search.simulate import PROFILES
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / "paper.json"
+    stored = json.loads(path.read_text()) if path.exists() and not FLAGS.fresh else {}
+    profiles = [PROFILES[p] for p in FLAGS.profiles.split(",") if p]
+    wanted = [c for c in FLAGS.only.split(",") if c] or [
+        c for c in configurations() if not c.startswith("gpt2")]
+    for name in wanted:
+        model, sizes = configurations()[name]
+        graph, _ = load(model, sizes)
+        for profile in profiles:
+            row = run_config(graph, sizes["batch_size"], profile)
+            stored.setdefault("profiles", {}).setdefault(profile.name, {})[name] = row
+            rate = row["tofu"]["samples_per_second"]
+            print(f"{name} on {profile.name}: tofu "
+                  f"{'OOM' if rate is None else f'{rate:.2f} samples/s'}", flush=True)
+            write(stored)
+        del graph
+    print(write(stored))
+    plot(stored)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    app.run(lambda argv: sys.exit(main(argv)))
