@@ -14,6 +14,7 @@ flags.DEFINE_string("memory_budget", None,
                     "largest estimated peak per device, e.g. 12GiB: the least-communication "
                     "plan that fits, or an error naming the smallest peak reachable")
 flags.DEFINE_string("plan_out", None, "write the full plan (Plan.to_json) here")
+flags.DEFINE_string("report", None, "write the plan as an HTML report here")
 # model sizes: only the flags given are passed on; the rest keep the model's defaults
 SIZE_FLAGS = {
     "depth": int, "widen": int, "base_width": int, "image_size": int, "num_classes": int,
@@ -48,7 +49,13 @@ def options(**overrides):
     return Options(memory_budget_bytes=budget, **overrides)
 
 
-def write_plan(plan) -> None:
+def write_plan(plan, title: str = "", baselines=None) -> None:
+    """The plan to --plan_out (JSON) and --report (HTML), when given."""
     if FLAGS.plan_out:
         with open(FLAGS.plan_out, "w") as f:
             f.write(plan.to_json())
+    if FLAGS.report:
+        from tofu_tf.report import html_report
+        with open(FLAGS.report, "w") as f:
+            f.write(html_report(plan, title=title or f"{FLAGS.model} plan",
+                                baselines=baselines))

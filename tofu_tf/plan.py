@@ -2,7 +2,8 @@
 
     python -m tofu_tf.plan --model=wresnet --depth=152 --widen=10 --num_devices=8
     python -m tofu_tf.plan --model=lstm --layers=10 --hidden=8192 --topology=2x4 \\
-        --json_out=plan.json --ilp
+        --json_out=report.json --plan_out=plan.json --report=plan.html --ilp
+    python -m tofu_tf.plan --diff a.json b.json       # what changed between two plans
 
 The model is built as a graph only (no weight is allocated), imported, and searched. The
 summary shows bytes per level and the heaviest tensor groups; the JSON holds the totals,
@@ -25,6 +26,8 @@ from tofu_tf._cli import FLAGS, model_sizes
 flags.DEFINE_string("json_out", None, "write the plan report as JSON here")
 flags.DEFINE_bool("ilp", False, "also solve every level by ILP (small graphs)")
 flags.DEFINE_bool("baselines", True, "also evaluate the baselines")
+flags.DEFINE_string("diff", None, "compare two plans (Plan JSON from --plan_out): "
+                    "--diff a.json b.json")
 
 
 def build_graph(model: str, batch_size: int, optimizer: str, sizes: dict):
@@ -56,7 +59,25 @@ def report(plan, graph, topology, *, with_baselines: bool, with_ilp: bool,
     return data
 
 
+def diff(paths: list[str]) -> int:
+    from tofu_tf.report import plan_diff
+    from tofu_tf.search.plan import Plan
+    if len(paths) != 2:
+        print("error: --diff takes two plan files: --diff a.json b.json", file=sys.stderr)
+        return 2
+    try:
+        plans = [Plan.from_json(open(p).read()) for p in paths]
+    except (OSError, ValueError, TypeError, KeyError) as err:
+        print(f"error: cannot read a plan ({err}). Fix: pass files written by --plan_out.",
+              file=sys.stderr)
+        return 2
+    print(plan_diff(*plans))
+    return 0
+
+
 def main(argv) -> int:
+    if FLAGS.diff:
+        return diff([FLAGS.diff, *argv[1:]])
     del argv
     from tofu_tf.errors import TofuError
     from tofu_tf.search.plan import make_plan
@@ -81,7 +102,7 @@ def main(argv) -> int:
     if FLAGS.json_out:
         with open(FLAGS.json_out, "w") as f:
             json.dump(data, f, indent=2, sort_keys=True)
-    _cli.write_plan(plan)
+    _cli.write_plan(plan, f"{FLAGS.model} on {topology}", data.get("baselines"))
     return 0
 
 

@@ -2,8 +2,8 @@
 
     python -m tofu_tf.train                     # a small WResNet on 8 logical CPUs, checked
     python -m tofu_tf.train --model=lstm --layers=2 --hidden=256 --num_devices=4 --steps=20
-    python -m tofu_tf.train --model=transformer --topology=2x4 --memory_budget=64MiB \\
-        --plan_out=plan.json
+    python -m tofu_tf.train --model=transformer --topology=2x4 --memory_budget=300KiB \\
+        --plan_out=plan.json --report=plan.html
 
 The step is built as a graph, planned and rewritten (`tofu_tf.optimize`), its shards are
 loaded from the model's initial values, and `--steps` steps run on synthetic batches in a
@@ -62,7 +62,7 @@ def train() -> int:
                          topology=str(topology), options=_cli.options(),
                          devices=_devices(topology.num_devices))
     logging.info("partitioned in %.1f s\n%s", time.perf_counter() - start, optimized.plan)
-    _cli.write_plan(optimized.plan)
+    _cli.write_plan(optimized.plan, f"{FLAGS.model} on {topology}")
 
     batches = [dict(zip(step.feeds, step.sample_batch(FLAGS.seed + i)))
                for i in range(FLAGS.steps)]

@@ -42,6 +42,19 @@ def test_bad_flags_exit_2_without_a_traceback(bad):
     assert "Traceback" not in run.stderr
 
 
+def test_plan_writes_a_report_and_diffs_two_plans(tmp_path):
+    a, b, page = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "a.html"
+    assert _run("tofu_tf.plan", "--model=mlp", "--num_devices=4", "--nobaselines",
+                f"--plan_out={a}", f"--report={page}").returncode == 0
+    assert _run("tofu_tf.plan", "--model=mlp", "--num_devices=2", "--nobaselines",
+                f"--plan_out={b}").returncode == 0
+    assert "<h2 id='memory'>" in page.read_text()
+    run = _run("tofu_tf.plan", f"--diff={a}", str(b))
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "topology: 2x2 -> 2" in run.stdout and "bytes moved:" in run.stdout
+    assert _run("tofu_tf.plan", f"--diff={a}").returncode == 2
+
+
 def test_plan_json_has_the_memory_fields(tmp_path):
     out = tmp_path / "report.json"
     run = _run("tofu_tf.plan", "--model=transformer", "--num_devices=8", "--nobaselines",

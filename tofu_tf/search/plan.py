@@ -131,25 +131,25 @@ class Plan:
     def __str__(self) -> str:
         lines = [f"Plan for {self.num_devices} devices "
                  f"({'x'.join(str(lvl.ways) for lvl in self.levels)}): "
-                 f"{_human(self.total_bytes)} moved per step, {self.num_ops} ops in "
+                 f"{human_bytes(self.total_bytes)} moved per step, {self.num_ops} ops in "
                  f"{self.num_groups} groups, variables {self.variable_storage}, searched in "
                  f"{self.search_seconds:.2f} s"
                  + ("" if self.exact else " (DP fallback used: not proven optimal)")]
         if self.per_device_peak_bytes:
-            lines.append(f"  memory: peak {_human(self.peak_bytes)} per device "
-                         f"(one device, unpartitioned: {_human(self.single_device_peak_bytes)}"
+            lines.append(f"  memory: peak {human_bytes(self.peak_bytes)} per device "
+                         f"(one device, unpartitioned: {human_bytes(self.single_device_peak_bytes)}"
                          f"; ideal 1/{self.num_devices}: "
-                         f"{_human(self.single_device_peak_bytes / self.num_devices)})")
+                         f"{human_bytes(self.single_device_peak_bytes / self.num_devices)})")
         for i, level in enumerate(self.levels):
             lines.append(f"  level {i + 1}: {level.ways}-way cut x {level.groups} group(s): "
-                         f"{_human(level.total_bytes)}")
+                         f"{human_bytes(level.total_bytes)}")
         lines.append("  heaviest tensor groups:")
         for g, total, transfers in self.heaviest_groups():
             top = transfers[0]
             why = (f"{top.op} ({self.op_types.get(top.op, '?')}, "
-                   f"{self._choice(top.op)}) moves {_human(top.bytes)} of {top.tensor} "
+                   f"{self._choice(top.op)}) moves {human_bytes(top.bytes)} of {top.tensor} "
                    f"[{self._state(top.tensor)}]")
-            lines.append(f"    {_human(total):>10s}  group {g}: {why}"
+            lines.append(f"    {human_bytes(total):>10s}  group {g}: {why}"
                          + (f"; +{len(transfers) - 1} more" if len(transfers) > 1 else ""))
         return "\n".join(lines)
 
@@ -161,7 +161,7 @@ class Plan:
                         for i in range(len(self.levels)))
 
 
-def _human(num_bytes: float) -> str:
+def human_bytes(num_bytes: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(num_bytes) < 1024 or unit == "GiB":
             return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
@@ -215,8 +215,8 @@ def search_within_budget(graph: Graph, topology: Topology, options: Options) -> 
         smallest = min(tried, key=lambda r: r.memory.peak_bytes)
         raise PlanInfeasibleError(
             f"no plan over {topology.num_devices} devices fits a memory budget of "
-            f"{_human(budget)} per device: the smallest estimated peak found is "
-            f"{_human(smallest.memory.peak_bytes)} (error.best_plan).",
+            f"{human_bytes(budget)} per device: the smallest estimated peak found is "
+            f"{human_bytes(smallest.memory.peak_bytes)} (error.best_plan).",
             best_peak_bytes=smallest.memory.peak_bytes,
             best_plan=plan_from_search(smallest, graph),
             fix=f"raise the budget to at least {smallest.memory.peak_bytes} bytes, use "
