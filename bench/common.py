@@ -30,7 +30,7 @@ def machine() -> dict:
     from tofu_tf.cc import cost_op
     return {"nproc": os.cpu_count(), "python": platform.python_version(),
             "tensorflow": tf.__version__, "numpy": numpy.__version__,
-            "cost_backend": cost_op.backend(), "load": os.getloadavg()[0]}
+            "cost_backend": cost_op.backend().value, "load": os.getloadavg()[0]}
 
 
 def load(model: str, sizes: dict):

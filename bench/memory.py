@@ -4,6 +4,7 @@ that fit a per-device budget.
     python bench/memory.py                                   # both sections (~30 min)
     python bench/memory.py --sections=configs --only=wresnet-152-w10,lstm-10-8192
     python bench/memory.py --sections=largest
+    python bench/memory.py --sections=plot                   # redraw from the results
 
 Every figure is the estimate of tofu_tf's memory model (search/memory.py: liveness over
 the step in its order; tests/memory holds it within 15% of TensorFlow's own allocation
@@ -164,12 +165,12 @@ def plot(stored: dict) -> None:
         return
     names = [name for name, _ in rows]
     series = {"data parallel": "data_parallel", "tofu (least bytes)": "tofu",
-              "tofu minimum": "tofu_min"}
+              "tofu within budget": "budgeted", "tofu minimum": "tofu_min"}
     fig, ax = plt.subplots(figsize=(max(8, len(names) * 0.45), 4.5))
     width = 0.8 / len(series)
     for i, (label, key) in enumerate(series.items()):
         ax.bar([x + i * width for x in range(len(names))],
-               [row[key] / row["ideal"] for _, row in rows], width, label=label)
+               [(row.get(key) or 0) / row["ideal"] for _, row in rows], width, label=label)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.axhline(FLAGS.budget_ratio, color="grey", linewidth=0.8, linestyle="--",
                label=f"{FLAGS.budget_ratio}x ideal")
@@ -213,7 +214,8 @@ def main(argv) -> int:
             del graph
     if "largest" in sections:
         stored["largest"] = largest(stored, FLAGS.devices)
-    print(write(stored))
+    if sections & {"configs", "largest"}:
+        print(write(stored))
     plot(stored)
     return 0
 
