@@ -14,6 +14,8 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Mapping
 
+from absl import logging
+
 from tofu_tf.errors import PlanInfeasibleError
 from tofu_tf.graph import Graph
 from tofu_tf.options import Options
@@ -197,12 +199,18 @@ def search_within_budget(graph: Graph, topology: Topology, options: Options) -> 
     cache = SearchCache()
     tried: list[SearchResult] = []
 
+    weights: list[float] = []
+
     def run(weight: float) -> SearchResult:
+        weights.append(weight)
         tried.append(search(graph, topology, options=options, memory_weight=weight,
                             cache=cache))
         return tried[-1]
 
     def fits(result: SearchResult) -> bool:
+        logging.info("memory weight %g: peak %s per device (budget %s), %s moved",
+                     weights[len(tried) - 1], human_bytes(result.memory.peak_bytes),
+                     human_bytes(budget), human_bytes(result.total_bytes))
         return result.memory.peak_bytes <= budget
 
     if not fits(run(0.0)) and fits(run(MAX_MEMORY_WEIGHT)):

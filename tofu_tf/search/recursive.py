@@ -19,6 +19,8 @@ import math
 import time
 from dataclasses import dataclass
 
+from absl import logging
+
 from tofu_tf._gc import paused_gc
 from tofu_tf.graph import Graph
 from tofu_tf.op_semantics.analysis import REPLICATED
@@ -30,6 +32,10 @@ from tofu_tf.search.memory import PlanMemory, plan_memory
 from tofu_tf.search.cost import tensor_states
 from tofu_tf.search.problem import Problem, SearchCache, root_problem, sub_problem
 from tofu_tf.search.topology import Topology
+
+
+# Graphs from this many ops log each level's progress at INFO (else DEBUG).
+LARGE_GRAPH_OPS = 2000
 
 
 @dataclass(frozen=True)
@@ -140,6 +146,11 @@ def _recurse(graph, topology, entries, coarse, options, policy, solver,
     model = next(models)
     while True:
         results.append(solver(model))
+        logging.log(logging.INFO if len(graph) >= LARGE_GRAPH_OPS else logging.DEBUG,
+                    "level %d/%d (%d-way, %s variables): %d groups, %.0f bytes per group, "
+                    "%.2f s", len(results), len(topology.levels), model.problem.k,
+                    policy.value, len(model.domains), results[-1].bytes,
+                    time.perf_counter() - start)
         replicates = replicates or _replicates_variables(model, results[-1], options)
         try:
             model = models.send(results[-1])
