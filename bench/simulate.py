@@ -6,9 +6,9 @@
    of this machine, measured through TensorFlow (median of 5).
 2. Each tiny reference model (sgd, float32, batch 8) is timed unpartitioned on one device
    and partitioned over 8 logical devices (median of `--steps` after a warm-up).
-3. Two constants are fitted: the per-kernel overhead from the one-device runs, and the
-   per-transfer latency from the partitioned runs (medians over the models of what each
-   run leaves unexplained). The error of every prediction is then reported (median and
+3. Three constants are fitted by non-negative least squares (scipy's NNLS) on what the
+   roofline leaves unexplained: the per-kernel and per-step overheads from the one-device
+   runs, then the per-transfer latency from the partitioned runs. The error of every prediction is then reported (median and
    worst): the model cannot see the slices, concats and sends the rewrite adds, only the
    plan's transfers, so its error on partitioned tiny models is large; it is reported,
    not hidden.
@@ -34,7 +34,7 @@ from common import machine  # noqa: E402  (bench/common.py)
 FLAGS = flags.FLAGS
 flags.DEFINE_string("models", "mlp,wresnet,lstm,transformer", "comma-separated tiny models")
 flags.DEFINE_integer("devices", 8, "logical CPU devices")
-flags.DEFINE_integer("steps", 10, "timed steps")
+flags.DEFINE_integer("steps", 30, "timed steps")
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -109,14 +109,21 @@ def main(argv) -> int:
                    parted_base=parted.seconds, parted_ops=parted.ops,
                    transfers=sum(len(level.breakdown) * m for level, m in
                                  zip(result.levels, result.multipliers)))
-    overhead = statistics.median(
-        (r["single_seconds"] - r["single_base"]) / r["single_ops"] for r in rows)
-    cores = base.cores or 1
-    latency = statistics.median(max(
-        (r["partitioned_seconds"] - (r["parted_base"] * FLAGS.devices / cores
-                                     + overhead * r["parted_ops"] * FLAGS.devices / cores))
-        / max(r["transfers"] / FLAGS.devices, 1), 0.0) for r in rows)
-    profile = replace(base, op_overhead=overhead, link_latency=latency)
+    import numpy as np
+    from scipy.optimize import nnls
+    # Rows scaled by 1 / measured: the fit minimises relative errors.
+    (overhead, per_step), _ = nnls(
+        np.array([[r["single_ops"] / r["single_seconds"], 1.0 / r["single_seconds"]]
+                  for r in rows]),
+        np.array([1.0 - r["single_base"] / r["single_seconds"] for r in rows]))
+    share = FLAGS.devices / (base.cores or FLAGS.devices)    # devices per core
+    (latency,), _ = nnls(
+        np.array([[r["transfers"] / FLAGS.devices / r["partitioned_seconds"]] for r in rows]),
+        np.array([(r["partitioned_seconds"] - per_step
+                   - (r["parted_base"] + overhead * r["parted_ops"]) * share)
+                  / r["partitioned_seconds"] for r in rows]))
+    profile = replace(base, op_overhead=overhead, step_overhead=per_step,
+                      link_latency=latency)
     table = ["| model | 1 device measured ms | predicted | error | "
              f"{FLAGS.devices} devices measured ms | predicted | error |",
              "|---|---:|---:|---:|---:|---:|---:|"]
@@ -135,7 +142,8 @@ def main(argv) -> int:
     summary = {k: {"median": statistics.median(v), "worst": max(v)} for k, v in errors.items()}
     table += ["", f"Calibrated: peak {flops / 1e9:.1f} GFLOP/s, memory "
               f"{bandwidth / 1e9:.1f} GB/s, per-kernel overhead {overhead * 1e6:.1f} us, "
-              f"per-transfer latency {latency * 1e6:.1f} us.",
+              f"per-step overhead {per_step * 1e6:.0f} us, per-transfer latency "
+              f"{latency * 1e6:.1f} us.",
               f"Error |predicted / measured - 1|: one device median "
               f"{summary['single']['median']:.0%}, worst {summary['single']['worst']:.0%}; "
               f"{FLAGS.devices} devices median {summary['partitioned']['median']:.0%}, "

@@ -44,6 +44,7 @@ class DeviceProfile:
     link_latency: float               # seconds per transfer
     host_bandwidth: float             # bytes/s per device to host memory (swapping)
     op_overhead: float = 5e-6         # seconds per kernel (launch, executor)
+    step_overhead: float = 0.0        # seconds per step (the session's own dispatch)
     efficiency: float = 0.6           # fraction of peak FLOP/s kernels reach
     cores: int | None = None          # devices share this many cores (logical CPUs)
     notes: str = ""
@@ -59,10 +60,10 @@ PROFILES: dict[str, DeviceProfile] = {p.name: p for p in (
                   notes="8 x A100 40 GB, NVSwitch, TF32 tensor cores"),
     DeviceProfile("h100_8", 495e12, 3350e9, 80 * GIB, 450e9, 3e-6, 50e9,
                   notes="8 x H100 SXM 80 GB, NVLink 4, TF32 tensor cores"),
-    DeviceProfile("this_cpu", 50e9, 10e9, 24 * GIB, 10e9, 20e-6, 10e9, op_overhead=40e-6,
-                  efficiency=1.0, cores=2,
-                  notes="this 2-core machine, logical CPU devices; calibrated by "
-                        "bench/simulate.py (the figures here are its defaults)"),
+    DeviceProfile("this_cpu", 120e9, 9.2e9, 24 * GIB, 10e9, 256e-6, 10e9, op_overhead=0.0,
+                  step_overhead=235e-6, efficiency=1.0, cores=2,
+                  notes="this 2-core machine, logical CPU devices, float32; peaks measured "
+                        "and overheads fitted by bench/simulate.py (results/simulate.md)"),
 )}
 
 
@@ -136,7 +137,7 @@ def step_time(graph: Graph, device: Problem, level_bytes, transfers, num_devices
     seconds = compute + communication
     if profile.cores is not None and profile.cores < num_devices:
         seconds = max(seconds, compute * num_devices / profile.cores + communication)
-    return StepTime(compute, communication, seconds, flops, ops)
+    return StepTime(compute, communication, seconds + profile.step_overhead, flops, ops)
 
 
 def plan_step_time(graph: Graph, result, profile: DeviceProfile) -> StepTime:
@@ -165,7 +166,7 @@ def single_step_time(graph: Graph, profile: DeviceProfile) -> StepTime:
         seconds += op_seconds(sem, dtypes, profile)
         flops += op_flops(sem)
         ops += 1
-    return StepTime(seconds, 0.0, seconds, flops, ops)
+    return StepTime(seconds, 0.0, seconds + profile.step_overhead, flops, ops)
 
 
 # -- the alternatives --------------------------------------------------------------------
