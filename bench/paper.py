@@ -31,6 +31,7 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("only", "", "comma-separated configuration names (default: all)")
 flags.DEFINE_string("profiles", "paper_pcie_8gpu,h100_8", "comma-separated device profiles")
 flags.DEFINE_bool("fresh", False, "start from empty results instead of merging")
+flags.DEFINE_bool("plot_only", False, "redraw the plots from the results")
 
 RESULTS = Path(__file__).parent / "results"
 SYSTEMS = ("tofu", "Ideal", "SmallBatch", "Swap", "OpPlacement")
@@ -122,14 +123,17 @@ def plot(stored: dict) -> None:
         names = sorted(rows)
         fig, ax = plt.subplots(figsize=(max(8, len(names) * 0.5), 4.5))
         width = 0.8 / len(SYSTEMS)
+        rates_all = [rows[n][s]["samples_per_second"] for n in names for s in SYSTEMS]
+        floor = min(r for r in rates_all if r) / 2          # where OOM marks go
         for i, system in enumerate(SYSTEMS):
             xs = [x + i * width for x in range(len(names))]
             rates = [rows[n][system]["samples_per_second"] for n in names]
             ax.bar([x for x, r in zip(xs, rates) if r], [r for r in rates if r], width,
                    label=system)
-            ax.plot([x for x, r in zip(xs, rates) if not r], [0] * sum(not r for r in rates),
-                    "x", color="black", markersize=4)
+            ax.plot([x for x, r in zip(xs, rates) if not r],
+                    [floor] * sum(not r for r in rates), "x", color="black", markersize=5)
         ax.set_yscale("log")
+        ax.set_ylim(bottom=floor / 1.5)
         ax.set_xticks([x + 0.4 - width / 2 for x in range(len(names))])
         ax.set_xticklabels(names, rotation=70, fontsize=7)
         ax.set_ylabel("samples / s (predicted); x = out of memory")
@@ -152,6 +156,9 @@ def write(stored: dict) -> str:
 
 def main(argv) -> int:
     del argv
+    if FLAGS.plot_only:
+        plot(json.loads((RESULTS / "paper.json").read_text()))
+        return 0
     from tofu_tf.search.simulate import PROFILES
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / "paper.json"
