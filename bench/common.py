@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
+import sys
 import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
 
 
 def configurations() -> dict[str, tuple[str, dict]]:
@@ -41,3 +46,22 @@ def load(model: str, sizes: dict):
     step = build(model, optimizer="sgd", graph_only=True, **sizes)
     graph = import_graph_def(step.graph_def, step.fetches).graph
     return graph, time.perf_counter() - start
+
+
+def read_results(name: str, fresh: bool) -> dict:
+    """bench/results/<name>.json as stored (empty with `fresh`), to merge new rows into."""
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() and not fresh else {}
+
+
+def write_results(name: str, stored: dict, table) -> str:
+    """`stored` (with this machine and command) to bench/results/<name>.json, and
+    `table(stored)` to <name>.md; returns the table."""
+    stored["machine"] = machine()
+    stored["command"] = " ".join(sys.argv)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(stored, indent=1, sort_keys=True,
+                                                     default=str))
+    markdown = table(stored)
+    (RESULTS / f"{name}.md").write_text(markdown + "\n")
+    return markdown

@@ -21,7 +21,6 @@ Results go to bench/results/memory.{json,md} and memory.png.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -30,7 +29,8 @@ from pathlib import Path
 from absl import app, flags
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import configurations, load, machine  # noqa: E402  (bench/common.py)
+from common import (RESULTS, configurations, load, read_results,  # noqa: E402
+                    write_results)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("sections", "configs,largest", "comma-separated sections to run")
@@ -39,7 +39,6 @@ flags.DEFINE_integer("devices", 8, "devices")
 flags.DEFINE_float("budget_ratio", 1.15, "the budget, as a multiple of single / devices")
 flags.DEFINE_bool("fresh", False, "start from empty results instead of merging")
 
-RESULTS = Path(__file__).parent / "results"
 GIB = 2 ** 30
 BUDGETS = {"12GiB": 12 * GIB, "16GiB": 16 * GIB}
 # (model, sizes but the varied one, varied size, candidate values in increasing order)
@@ -185,19 +184,12 @@ def plot(stored: dict) -> None:
 
 
 def write(stored: dict) -> str:
-    stored["machine"] = machine()
-    stored["command"] = " ".join(sys.argv)
-    (RESULTS / "memory.json").write_text(json.dumps(stored, indent=1, sort_keys=True))
-    markdown = table(stored)
-    (RESULTS / "memory.md").write_text(markdown + "\n")
-    return markdown
+    return write_results("memory", stored, table)
 
 
 def main(argv) -> int:
     del argv
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / "memory.json"
-    stored = json.loads(path.read_text()) if path.exists() and not FLAGS.fresh else {}
+    stored = read_results("memory", FLAGS.fresh)
     stored["devices"] = FLAGS.devices
     sections = set(FLAGS.sections.split(","))
     if "configs" in sections:

@@ -16,7 +16,6 @@ bench/results/paper.{json,md} and paper_<profile>.png.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -25,7 +24,8 @@ from pathlib import Path
 from absl import app, flags
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import configurations, load, machine  # noqa: E402  (bench/common.py)
+from common import (RESULTS, configurations, load, read_results,  # noqa: E402
+                    write_results)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("only", "", "comma-separated configuration names (default: all)")
@@ -33,7 +33,6 @@ flags.DEFINE_string("profiles", "paper_pcie_8gpu,h100_8", "comma-separated devic
 flags.DEFINE_bool("fresh", False, "start from empty results instead of merging")
 flags.DEFINE_bool("plot_only", False, "redraw the plots from the results")
 
-RESULTS = Path(__file__).parent / "results"
 SYSTEMS = ("tofu", "Ideal", "SmallBatch", "Swap", "OpPlacement")
 PAPER_SPEEDUP = "25%-400%"
 
@@ -145,24 +144,16 @@ def plot(stored: dict) -> None:
 
 
 def write(stored: dict) -> str:
-    stored["machine"] = machine()
-    stored["command"] = " ".join(sys.argv)
-    (RESULTS / "paper.json").write_text(json.dumps(stored, indent=1, sort_keys=True,
-                                                   default=str))
-    markdown = table(stored)
-    (RESULTS / "paper.md").write_text(markdown + "\n")
-    return markdown
+    return write_results("paper", stored, table)
 
 
 def main(argv) -> int:
     del argv
     if FLAGS.plot_only:
-        plot(json.loads((RESULTS / "paper.json").read_text()))
+        plot(read_results("paper", fresh=False))
         return 0
     from tofu_tf.search.simulate import PROFILES
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / "paper.json"
-    stored = json.loads(path.read_text()) if path.exists() and not FLAGS.fresh else {}
+    stored = read_results("paper", FLAGS.fresh)
     profiles = [PROFILES[p] for p in FLAGS.profiles.split(",") if p]
     wanted = [c for c in FLAGS.only.split(",") if c] or [
         c for c in configurations() if not c.startswith("gpt2")]

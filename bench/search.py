@@ -30,7 +30,8 @@ from pathlib import Path
 from absl import app, flags
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import configurations, load, machine  # noqa: E402  (bench/common.py)
+from common import (configurations, load, read_results,  # noqa: E402
+                    write_results)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("sections", "configs,end_to_end,backends,gap",
@@ -42,7 +43,6 @@ flags.DEFINE_integer("repeats", 3, "search repetitions (the median is reported)"
 flags.DEFINE_bool("baselines", True, "also evaluate the baselines")
 flags.DEFINE_bool("fresh", False, "start from empty results instead of merging")
 
-RESULTS = Path(__file__).parent / "results"
 
 
 def run_one(graph, devices: int, repeats: int, with_baselines: bool) -> dict:
@@ -204,9 +204,7 @@ def main(argv) -> int:
     if FLAGS.e2e_child:
         end_to_end_child(FLAGS.e2e_child)
         return 0
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / "search.json"
-    stored = json.loads(path.read_text()) if path.exists() and not FLAGS.fresh else {}
+    stored = read_results("search", FLAGS.fresh)
     stored.setdefault("results", {})
     sections = set(FLAGS.sections.split(","))
     if "configs" in sections:
@@ -233,12 +231,7 @@ def main(argv) -> int:
 
 
 def write(stored: dict) -> str:
-    stored["machine"] = machine()
-    stored["command"] = " ".join(sys.argv)
-    (RESULTS / "search.json").write_text(json.dumps(stored, indent=1, sort_keys=True))
-    markdown = table(stored)
-    (RESULTS / "search.md").write_text(markdown + "\n")
-    return markdown
+    return write_results("search", stored, table)
 
 
 if __name__ == "__main__":
