@@ -40,6 +40,16 @@ flags.DEFINE_integer("seed", 0, "seed of the initial values and the synthetic ba
 
 def _devices(n: int) -> list[str]:
     kind = FLAGS.device_type.upper()
+    if kind == "GPU":
+        import tensorflow as tf
+        from tofu_tf.errors import PlanInfeasibleError
+        visible = len(tf.config.list_physical_devices("GPU"))
+        if visible < n:
+            fewer = (f"pass --num_devices={visible} (or a topology of {visible} devices), "
+                     "or " if visible >= 2 else "")
+            raise PlanInfeasibleError(
+                f"the plan needs {n} GPUs and {visible} are visible.",
+                fix=f"{fewer}use --device_type=cpu for logical CPU devices.")
     return [f"/job:localhost/replica:0/task:0/device:{kind}:{d}" for d in range(n)]
 
 
@@ -101,11 +111,17 @@ def train() -> int:
 
 def main(argv) -> int:
     del argv
+    import tensorflow as tf
     from tofu_tf.errors import TofuError
     try:
         return train()
     except TofuError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except tf.errors.OpError as err:
+        first = str(err.message).strip().splitlines()[0]
+        print(f"error: TensorFlow could not run the step: {first} Fix: check the devices "
+              f"(--device_type, --num_devices) and the model flags.", file=sys.stderr)
         return 2
 
 

@@ -35,6 +35,13 @@ def test_train_with_an_impossible_budget_exits_2_with_the_fix():
     assert "Traceback" not in run.stderr
 
 
+def test_train_on_gpus_that_are_not_there_exits_2_naming_the_fix():
+    run = _run("tofu_tf.train", "--model=mlp", "--num_devices=2", "--device_type=gpu")
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert "GPUs" in run.stderr and "--device_type=cpu" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
 @pytest.mark.parametrize("bad", ["--memory_budget=lots", "--num_devices=1"])
 def test_bad_flags_exit_2_without_a_traceback(bad):
     run = _run("tofu_tf.plan", "--model=mlp", bad, "--nobaselines")
