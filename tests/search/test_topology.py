@@ -27,3 +27,23 @@ def test_parse_and_coordinates():
     assert topology.common_level(1, 2) == 1 and topology.common_level(1, 5) == 0
     with pytest.raises(PlanInfeasibleError, match="cannot read"):
         Topology.parse("2xfour")
+
+
+def test_hosts_cut_across_hosts_first_and_name_each_device():
+    topology = Topology.hosts(2, 4, inter=(1e9, 1e-4), intra=(300e9, 1e-6))
+    assert topology.ways == (2, 2, 2) and topology.num_devices == 8
+    assert topology.levels[0].bandwidth == 1e9 and topology.levels[1].bandwidth == 300e9
+    assert topology.num_hosts == 2
+    names = topology.device_names("gpu")
+    assert names[0] == "/job:worker/replica:0/task:0/device:GPU:0"
+    assert names[3] == "/job:worker/replica:0/task:0/device:GPU:3"
+    assert names[4] == "/job:worker/replica:0/task:1/device:GPU:0"
+    assert len(set(names)) == 8
+    # transfers between hosts cross level 0, within a host an inner level
+    assert topology.common_level(0, 4) == 0 and topology.common_level(0, 3) == 1
+    one_host = Topology.hosts(1, 6)
+    assert one_host.ways == (3, 2) and one_host.host_levels == 0
+    assert one_host.device_names()[5] == "/job:localhost/replica:0/task:0/device:CPU:5"
+    assert Topology.parse("4x8").with_hosts().device_names()[9].endswith("task:1/device:CPU:1")
+    with pytest.raises(PlanInfeasibleError):
+        Topology.hosts(0, 4)

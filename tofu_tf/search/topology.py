@@ -22,6 +22,8 @@ from tofu_tf.errors import PlanInfeasibleError
 # Default link figures for levels that do not state them (one host, PCIe 3.0 x16):
 DEFAULT_BANDWIDTH = 12.0e9     # bytes per second
 DEFAULT_LATENCY = 10.0e-6      # seconds per transfer
+# ... and between hosts (100 Gb/s Ethernet or InfiniBand EDR):
+DEFAULT_INTER_HOST = (12.5e9, 20.0e-6)
 
 
 @dataclass(frozen=True)
@@ -57,9 +59,20 @@ def coordinates(device: int, ways: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(coords))
 
 
+def coordinates_index(coords: tuple[int, ...], ways: tuple[int, ...]) -> int:
+    """The row-major index of `coords` over levels of `ways` (inverse of `coordinates`)."""
+    index = 0
+    for p, k in zip(coords, ways):
+        index = index * k + p
+    return index
+
+
 @dataclass(frozen=True)
 class Topology:
     levels: tuple[Level, ...]
+    # How many leading levels cut across hosts: their coordinates pick the host (the
+    # task of job `worker`), the rest the device within it. 0: one host.
+    host_levels: int = 0
 
     def __post_init__(self):
         if not self.levels or any(level.ways < 2 for level in self.levels):
@@ -77,6 +90,52 @@ class Topology:
                 fix="pass num_devices >= 2 (with 1 device, run the graph unchanged).")
         ways = sorted(prime_factors(num_devices), reverse=True)
         return Topology(tuple(Level(k, bandwidth, latency) for k in ways))
+
+    @staticmethod
+    def hosts(hosts: int, devices_per_host: int, *,
+              inter: tuple[float, float] = DEFAULT_INTER_HOST,
+              intra: tuple[float, float] = (DEFAULT_BANDWIDTH, DEFAULT_LATENCY)
+              ) -> "Topology":
+        """`hosts` machines of `devices_per_host` devices: the first cut across the hosts
+        (links of `inter` = (bytes/s, seconds per transfer)), then the devices of one host
+        cut by their prime factors, largest first (links of `intra`)."""
+        for n, what in ((hosts, "hosts"), (devices_per_host, "devices per host")):
+            if not isinstance(n, int) or n < 1:
+                raise PlanInfeasibleError(f"{what}={n!r} is not a positive count.",
+                                          fix="pass whole numbers, e.g. hosts(2, 4).")
+        levels = [Level(hosts, *inter, name="hosts")] if hosts > 1 else []
+        levels += [Level(k, *intra, name="devices")
+                   for k in sorted(prime_factors(devices_per_host), reverse=True)]
+        return Topology(tuple(levels), host_levels=1 if hosts > 1 else 0)
+
+    def with_hosts(self, host_levels: int = 1) -> "Topology":
+        """This topology with its first `host_levels` levels across hosts."""
+        if not 0 <= host_levels <= len(self.levels):
+            raise PlanInfeasibleError(
+                f"{host_levels} host levels in a topology of {len(self.levels)} levels.",
+                fix="mark at most as many levels as the topology has.")
+        return Topology(self.levels, host_levels)
+
+    @property
+    def num_hosts(self) -> int:
+        return math.prod(level.ways for level in self.levels[:self.host_levels])
+
+    def device_names(self, kind: str = "CPU", job: str = "worker") -> tuple[str, ...]:
+        """One TensorFlow device name per device index: on one host
+        `/job:localhost/replica:0/task:0/device:KIND:i`; across hosts
+        `/job:JOB/replica:0/task:HOST/device:KIND:LOCAL`."""
+        kind = kind.upper()
+        if not self.host_levels:
+            return tuple(f"/job:localhost/replica:0/task:0/device:{kind}:{d}"
+                         for d in range(self.num_devices))
+        local_ways = self.ways[self.host_levels:]
+        names = []
+        for d in range(self.num_devices):
+            coords = self.coordinates(d)
+            host = coordinates_index(coords[:self.host_levels], self.ways[:self.host_levels])
+            local = coordinates_index(coords[self.host_levels:], local_ways)
+            names.append(f"/job:{job}/replica:0/task:{host}/device:{kind}:{local}")
+        return tuple(names)
 
     @staticmethod
     def parse(text: str) -> "Topology":
@@ -106,10 +165,7 @@ class Topology:
         return coordinates(device, self.ways)
 
     def device(self, coordinates: tuple[int, ...]) -> int:
-        index = 0
-        for p, ways in zip(coordinates, self.ways):
-            index = index * ways + p
-        return index
+        return coordinates_index(coordinates, self.ways)
 
     def common_level(self, a: int, b: int) -> int:
         """The level whose links a transfer between devices a and b crosses (0-based):
