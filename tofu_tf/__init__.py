@@ -15,12 +15,13 @@ from tofu_tf.errors import (DescriptionError, DynamicShapeError, GraphImportErro
                             PartitionError, PlanInfeasibleError, RegistryError, RewriteError,
                             TofuError, UnsupportedOpError)
 from tofu_tf.graph import Graph, Op, Role, Tensor, Variable
-from tofu_tf.options import Options, VariableStorage
+from tofu_tf.options import Objective, Options, VariableStorage
 from tofu_tf.search.plan import Plan
 from tofu_tf.search.topology import Topology
 
 __all__ = [
-    "DescriptionError", "DynamicShapeError", "Graph", "GraphImportError", "Op", "Options",
+    "DescriptionError", "DynamicShapeError", "Graph", "GraphImportError", "Objective", "Op",
+    "Options",
     "PartitionError", "Plan", "PlanInfeasibleError", "RegistryError", "RewriteError", "Role",
     "Tensor", "TofuError", "Topology", "UnsupportedOpError", "Variable", "VariableStorage",
     "function", "optimize",

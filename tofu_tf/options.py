@@ -40,6 +40,12 @@ class VariableStorage(enum.Enum):
     PARTITIONED = "partitioned"  # always split, like every other large tensor (Tofu's policy)
 
 
+class Objective(enum.Enum):
+    """What the search minimises over the levels of a topology."""
+    BYTES = "bytes"              # bytes moved, every link alike
+    TIME = "time"                # transfer seconds: each level's bytes over its links (α-β)
+
+
 @dataclass(frozen=True)
 class Options:
     # How variables may be stored; AUTO doubles the search time and never loses bytes.
@@ -54,6 +60,9 @@ class Options:
     dp_beam: int = 2
     # How partial results are combined in the emitted graph.
     collectives: Collectives = Collectives.AUTO
+    # What decides between candidate plans (storage policies, memory weights): bytes, or
+    # predicted transfer time on the topology's links (search/recursive.py).
+    objective: Objective = Objective.BYTES
     # Largest estimated peak bytes per device (search/memory.py) a plan may have; None: no
     # limit. The search then returns the least-communication plan it finds that fits, or
     # raises PlanInfeasibleError with the smallest peak it reached.

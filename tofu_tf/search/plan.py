@@ -53,7 +53,9 @@ class LevelPlan:
 
     @property
     def seconds(self) -> float:
-        return self.total_bytes / (self.ways * self.groups * self.bandwidth)
+        """Predicted transfer seconds (as SearchResult.transfer_seconds)."""
+        return (self.bytes / (self.ways * self.bandwidth)
+                + len(self.transfers) / self.ways * self.latency)
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,10 @@ class Plan:
     @property
     def total_bytes(self) -> float:
         return float(sum(self.bytes_per_level))
+
+    @property
+    def transfer_seconds(self) -> float:
+        return sum(level.seconds for level in self.levels)
 
     @property
     def exact(self) -> bool:
@@ -229,7 +235,7 @@ def search_within_budget(graph: Graph, topology: Topology, options: Options) -> 
             best_plan=plan_from_search(smallest, graph),
             fix=f"raise the budget to at least {smallest.memory.peak_bytes} bytes, use "
                 "more devices, or a smaller batch.")
-    return min(fitting, key=lambda r: r.total_bytes)
+    return min(fitting, key=lambda r: r.cost(options.objective))
 
 
 def make_plan(graph: Graph, topology: Topology | None = None, *, num_devices: int | None = None,

@@ -25,7 +25,7 @@ from tofu_tf._gc import paused_gc
 from tofu_tf.graph import Graph
 from tofu_tf.op_semantics.analysis import REPLICATED
 from tofu_tf.op_semantics.catalog import OpEntry, catalog
-from tofu_tf.options import Options, VariableStorage
+from tofu_tf.options import Objective, Options, VariableStorage
 from tofu_tf.search.coarsen import CoarseGraph, coarsen
 from tofu_tf.search.level import LevelModel, LevelResult, solve_level
 from tofu_tf.search.memory import PlanMemory, plan_memory
@@ -70,6 +70,18 @@ class SearchResult:
     @property
     def total_bytes(self) -> float:
         return float(sum(self.bytes_per_level))
+
+    @property
+    def transfer_seconds(self) -> float:
+        """Predicted transfer time of a step: per level, one group's bytes spread over its
+        k devices on that level's links, and each transfer's latency (groups of a level
+        run in parallel)."""
+        return sum(level.bytes / (spec.ways * spec.bandwidth)
+                   + len(level.breakdown) / spec.ways * spec.latency
+                   for level, spec in zip(self.levels, self.topology.levels))
+
+    def cost(self, objective: Objective) -> float:
+        return self.transfer_seconds if objective is Objective.TIME else self.total_bytes
 
 
 def variable_tensors(graph: Graph, coarse: CoarseGraph) -> frozenset[str]:
@@ -130,11 +142,12 @@ def _search(graph, topology, solver, entries, options, memory_weight, cache) -> 
             break      # the replicable optimum is feasible and optimal for this policy too
         results.append(_recurse(graph, topology, entries, coarse, options, policy, solver,
                                 cache))
+    objective = options.objective
     if memory_weight:          # memory decides too: estimate every candidate
         results = [r.with_memory(graph) for r in results]
         best = min(results, key=lambda r: r.total_bytes + memory_weight * r.memory.peak_bytes)
     else:
-        best = min(results, key=lambda r: r.total_bytes).with_memory(graph)
+        best = min(results, key=lambda r: r.cost(objective)).with_memory(graph)
     return dataclasses.replace(best, seconds=time.perf_counter() - start)
 
 
