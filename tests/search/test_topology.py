@@ -61,4 +61,13 @@ def test_time_objective_never_predicts_slower_transfers_than_bytes(model):
     assert by_time.transfer_seconds <= by_bytes.transfer_seconds
     assert by_bytes.total_bytes <= by_time.total_bytes
     # the first level crosses the slow links: its bytes dominate the predicted time
-    assert by_time.levels[0].seconds >= by_time.levels[1].seconds
+    assert by_time.levels[0].seconds(8) >= by_time.levels[1].seconds(8)
+
+
+def test_hosts_are_cut_by_prime_factors_too():
+    topology = Topology.hosts(4, 8)
+    assert topology.ways == (2, 2, 2, 2, 2) and topology.host_levels == 2
+    assert topology.num_hosts == 4
+    names = topology.device_names()
+    assert names[8] == "/job:worker/replica:0/task:1/device:CPU:0"
+    assert names[31] == "/job:worker/replica:0/task:3/device:CPU:7"

@@ -51,11 +51,10 @@ class LevelPlan:
     def total_bytes(self) -> float:
         return self.groups * self.bytes
 
-    @property
-    def seconds(self) -> float:
-        """Predicted transfer seconds (as SearchResult.transfer_seconds)."""
-        return (self.bytes / (self.ways * self.bandwidth)
-                + len(self.transfers) / self.ways * self.latency)
+    def seconds(self, num_devices: int) -> float:
+        """Predicted transfer seconds over `num_devices` (SearchResult.transfer_seconds)."""
+        return self.groups * (self.bytes / self.bandwidth
+                              + len(self.transfers) * self.latency) / num_devices
 
 
 @dataclass(frozen=True)
@@ -87,7 +86,7 @@ class Plan:
 
     @property
     def transfer_seconds(self) -> float:
-        return sum(level.seconds for level in self.levels)
+        return sum(level.seconds(self.num_devices) for level in self.levels)
 
     @property
     def exact(self) -> bool:

@@ -73,12 +73,13 @@ class SearchResult:
 
     @property
     def transfer_seconds(self) -> float:
-        """Predicted transfer time of a step: per level, one group's bytes spread over its
-        k devices on that level's links, and each transfer's latency (groups of a level
-        run in parallel)."""
-        return sum(level.bytes / (spec.ways * spec.bandwidth)
-                   + len(level.breakdown) / spec.ways * spec.latency
-                   for level, spec in zip(self.levels, self.topology.levels))
+        """Predicted transfer time of a step (as search/simulate.py): per level, the bytes
+        of all its groups spread over every device on that level's links, plus each
+        transfer's latency likewise spread."""
+        n = self.topology.num_devices
+        return sum(m * (level.bytes / spec.bandwidth + len(level.breakdown) * spec.latency) / n
+                   for level, spec, m in zip(self.levels, self.topology.levels,
+                                             self.multipliers))
 
     def cost(self, objective: Objective) -> float:
         return self.transfer_seconds if objective is Objective.TIME else self.total_bytes

@@ -140,16 +140,21 @@ def step_time(graph: Graph, device: Problem, level_bytes, transfers, num_devices
     return StepTime(compute, communication, seconds + profile.step_overhead, flops, ops)
 
 
-def plan_step_time(graph: Graph, result, profile: DeviceProfile) -> StepTime:
-    """A SearchResult's step (its last level's model and result give the device's ops)."""
+def plan_step_time(graph: Graph, result, profile: DeviceProfile,
+                   topology_links: bool = False) -> StepTime:
+    """A SearchResult's step (its last level's model and result give the device's ops);
+    with `topology_links`, each level moves its bytes over its own topology level's links
+    instead of the profile's."""
     from tofu_tf.search.recursive import device_problem
     model, last = result.last if result.last is not None else (None, None)
     if model is None:
         raise ValueError("the search result no longer holds its last level")
     device = device_problem(model, last)
     transfers = [len(level.breakdown) * m for level, m in zip(result.levels, result.multipliers)]
+    links = ([(level.bandwidth, level.latency) for level in result.topology.levels]
+             if topology_links else None)
     return step_time(graph, device, result.bytes_per_level, transfers,
-                     result.topology.num_devices, profile)
+                     result.topology.num_devices, profile, links)
 
 
 def single_step_time(graph: Graph, profile: DeviceProfile) -> StepTime:

@@ -96,17 +96,20 @@ class Topology:
               inter: tuple[float, float] = DEFAULT_INTER_HOST,
               intra: tuple[float, float] = (DEFAULT_BANDWIDTH, DEFAULT_LATENCY)
               ) -> "Topology":
-        """`hosts` machines of `devices_per_host` devices: the first cut across the hosts
-        (links of `inter` = (bytes/s, seconds per transfer)), then the devices of one host
-        cut by their prime factors, largest first (links of `intra`)."""
+        """`hosts` machines of `devices_per_host` devices: the first cuts across the hosts
+        (links of `inter` = (bytes/s, seconds per transfer)), then the devices of one host,
+        each count cut by its prime factors, largest first (links of `intra`). Prime cuts
+        leave the recursion the most freedom (each level picks its own dims)."""
         for n, what in ((hosts, "hosts"), (devices_per_host, "devices per host")):
             if not isinstance(n, int) or n < 1:
                 raise PlanInfeasibleError(f"{what}={n!r} is not a positive count.",
                                           fix="pass whole numbers, e.g. hosts(2, 4).")
-        levels = [Level(hosts, *inter, name="hosts")] if hosts > 1 else []
+        levels = [Level(k, *inter, name="hosts")
+                  for k in sorted(prime_factors(hosts), reverse=True)]
+        host_levels = len(levels)
         levels += [Level(k, *intra, name="devices")
                    for k in sorted(prime_factors(devices_per_host), reverse=True)]
-        return Topology(tuple(levels), host_levels=1 if hosts > 1 else 0)
+        return Topology(tuple(levels), host_levels=host_levels)
 
     def with_hosts(self, host_levels: int = 1) -> "Topology":
         """This topology with its first `host_levels` levels across hosts."""
