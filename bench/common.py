@@ -35,7 +35,21 @@ def machine() -> dict:
     from tofu_tf.cc import cost_op
     return {"nproc": os.cpu_count(), "python": platform.python_version(),
             "tensorflow": tf.__version__, "numpy": numpy.__version__,
-            "cost_backend": cost_op.backend().value, "load": os.getloadavg()[0]}
+            "cost_backend": cost_op.backend().value, "load": os.getloadavg()[0],
+            "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS")}
+
+
+def median_seconds(run, repeats: int, warmup: int = 2) -> float:
+    """Median wall seconds of `run()` over `repeats` calls after `warmup` untimed ones."""
+    import statistics
+    for _ in range(warmup):
+        run()
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
 
 
 def load(model: str, sizes: dict):

@@ -14,12 +14,8 @@ overhead.md.
 from __future__ import annotations
 
 import importlib
-import json
 import os
-import platform
-import statistics
 import sys
-import time
 from pathlib import Path
 
 from absl import app, flags
@@ -31,18 +27,8 @@ flags.DEFINE_integer("devices", 8, "logical CPU devices")
 flags.DEFINE_integer("steps", 20, "timed steps")
 flags.DEFINE_integer("warmup", 3, "untimed steps first")
 
-RESULTS = Path(__file__).parent / "results"
-
-
-def time_steps(run, feeds, steps: int, warmup: int) -> list[float]:
-    for _ in range(warmup):
-        run(feeds)
-    seconds = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        run(feeds)
-        seconds.append(time.perf_counter() - start)
-    return seconds
+sys.path.insert(0, str(Path(__file__).parent))
+from common import median_seconds, write_results  # noqa: E402  (bench/common.py)
 
 
 def measure(model: str) -> dict:
@@ -53,39 +39,32 @@ def measure(model: str) -> dict:
     feeds = dict(zip(step.feeds, step.sample_batch(0)))
     with SingleDevice(step.graph_def, step.init_op, step.fetches) as single_device:
         values = single_device.values()
-        single = time_steps(single_device.run, feeds, FLAGS.steps, FLAGS.warmup)
+        single = median_seconds(lambda: single_device.run(feeds), FLAGS.steps, FLAGS.warmup)
     optimized = optimize(step.graph_def, step.fetches, feeds=list(step.feeds),
                          num_devices=FLAGS.devices)
     with Runner(optimized, values) as runner:
-        parted = time_steps(runner.run, feeds, FLAGS.steps, FLAGS.warmup)
+        parted = median_seconds(lambda: runner.run(feeds), FLAGS.steps, FLAGS.warmup)
     return {"model": model, "devices": FLAGS.devices, "optimizer": FLAGS.optimizer,
-            "single_seconds": statistics.median(single),
-            "partitioned_seconds": statistics.median(parted),
-            "ratio": statistics.median(parted) / statistics.median(single),
+            "single_seconds": single, "partitioned_seconds": parted, "ratio": parted / single,
             "nodes_single": len(step.graph_def.node),
             "nodes_partitioned": len(optimized.graph_def.node),
             "moved_bytes": optimized.ledger.moved_bytes, "plan_bytes": optimized.plan.total_bytes}
 
 
-def main(argv) -> int:
-    del argv
-    rows = [measure(m) for m in FLAGS.models.split(",") if m]
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    import numpy
-    import tensorflow as tf
-    out = {"rows": rows, "command": " ".join(sys.argv),
-           "machine": {"nproc": os.cpu_count(), "python": platform.python_version(),
-                       "tensorflow": tf.__version__, "numpy": numpy.__version__,
-                       "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS")}}
-    (RESULTS / "overhead.json").write_text(json.dumps(out, indent=1, sort_keys=True))
+def table(stored: dict) -> str:
     lines = ["| model | devices | unpartitioned ms | partitioned ms | ratio | nodes | "
              "partitioned nodes |", "|---|---|---|---|---|---|---|"]
-    for r in rows:
+    for r in stored["rows"]:
         lines.append(f"| {r['model']} | {r['devices']} | {1e3 * r['single_seconds']:.2f} | "
                      f"{1e3 * r['partitioned_seconds']:.2f} | {r['ratio']:.2f} | "
                      f"{r['nodes_single']} | {r['nodes_partitioned']} |")
-    (RESULTS / "overhead.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    return "\n".join(lines)
+
+
+def main(argv) -> int:
+    del argv
+    rows = [measure(m) for m in FLAGS.models.split(",") if m]
+    print(write_results("overhead", {"rows": rows}, table))
     return 0
 
 

@@ -18,36 +18,22 @@ Results: bench/results/simulate.{json,md}.
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import statistics
 import sys
-import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
 from absl import app, flags
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import machine  # noqa: E402  (bench/common.py)
+from common import median_seconds, write_results  # noqa: E402  (bench/common.py)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("models", "mlp,wresnet,lstm,transformer", "comma-separated tiny models")
 flags.DEFINE_integer("devices", 8, "logical CPU devices")
 flags.DEFINE_integer("steps", 30, "timed steps")
 
-RESULTS = Path(__file__).parent / "results"
-
-
-def _median_seconds(run, repeats: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        run()
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds)
 
 
 def machine_peaks() -> tuple[float, float]:
@@ -64,8 +50,8 @@ def machine_peaks() -> tuple[float, float]:
         init = tf.compat.v1.global_variables_initializer()
     with tf.compat.v1.Session(graph=graph, config=session_config(1)) as session:
         session.run(init)
-        matmul = _median_seconds(lambda: session.run(product), 5)
-        add = _median_seconds(lambda: session.run(added), 5)
+        matmul = median_seconds(lambda: session.run(product), 5)
+        add = median_seconds(lambda: session.run(added), 5)
     flops = 2 * 2048 ** 3 / matmul
     bandwidth = 3 * 4 * 64 * 2 ** 20 / add          # two reads, one write
     return flops, bandwidth
@@ -79,11 +65,11 @@ def measure(model: str) -> dict:
     feeds = dict(zip(step.feeds, step.sample_batch(0)))
     with SingleDevice(step.graph_def, step.init_op, step.fetches) as single:
         values = single.values()
-        one = _median_seconds(lambda: single.run(feeds), FLAGS.steps)
+        one = median_seconds(lambda: single.run(feeds), FLAGS.steps)
     optimized = optimize(step.graph_def, step.fetches, feeds=list(step.feeds),
                          num_devices=FLAGS.devices)
     with Runner(optimized, values) as runner:
-        many = _median_seconds(lambda: runner.run(feeds), FLAGS.steps)
+        many = median_seconds(lambda: runner.run(feeds), FLAGS.steps)
     return {"model": model, "single_seconds": one, "partitioned_seconds": many,
             "graph": optimized.graph}
 
@@ -148,13 +134,8 @@ def main(argv) -> int:
               f"{summary['single']['median']:.0%}, worst {summary['single']['worst']:.0%}; "
               f"{FLAGS.devices} devices median {summary['partitioned']['median']:.0%}, "
               f"worst {summary['partitioned']['worst']:.0%}."]
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = {"rows": rows, "profile": asdict(profile), "errors": summary,
-           "machine": machine(), "command": " ".join(sys.argv)}
-    (RESULTS / "simulate.json").write_text(json.dumps(out, indent=1, sort_keys=True,
-                                                      default=str))
-    (RESULTS / "simulate.md").write_text("\n".join(table) + "\n")
-    print("\n".join(table))
+    print(write_results("simulate", {"rows": rows, "profile": asdict(profile),
+                                     "errors": summary}, lambda _: "\n".join(table)))
     return 0
 
 

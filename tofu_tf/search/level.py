@@ -11,6 +11,7 @@ where the vectors are bytes (cost.py). `solve_level` minimises it exactly with d
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -20,7 +21,7 @@ from tofu_tf.op_semantics.analysis import OutputState
 from tofu_tf.search import dp
 from tofu_tf.search.coarsen import CoarseGraph
 from tofu_tf.search.problem import (OpVectors, Problem, tensor_at, build_choices,
-                                    cost_vectors)
+                                    cost_vectors, part0_shape)
 
 
 @dataclass
@@ -127,8 +128,8 @@ class LevelModel:
             vector = np.zeros(len(states))
             for t in members:
                 spec = self.problem.tensors[t]
-                vector += [_stored_bytes(spec.shape, spec.itemsize, state, self.problem.k)
-                           for state in states]
+                vector += [math.prod(part0_shape(spec.shape, state, self.problem.k))
+                           * spec.itemsize for state in states]
             factors.append(dp.Factor((g,), weight * vector))
         return factors
 
@@ -141,13 +142,6 @@ class LevelModel:
             total += float(table[index])
             chosen[op] = int(argmin[index])
         return total, chosen
-
-
-def _stored_bytes(shape, itemsize: int, state: OutputState, k: int) -> int:
-    size = itemsize
-    for d, n in enumerate(shape):
-        size *= -(-n // k) if state.kind == "split" and state.dim == d else n
-    return size
 
 
 def _squeeze(table: np.ndarray) -> tuple[tuple[int, ...], np.ndarray]:

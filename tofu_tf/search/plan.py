@@ -204,18 +204,15 @@ def search_within_budget(graph: Graph, topology: Topology, options: Options) -> 
     cache = SearchCache()
     tried: list[SearchResult] = []
 
-    weights: list[float] = []
-
     def run(weight: float) -> SearchResult:
-        weights.append(weight)
-        tried.append(search(graph, topology, options=options, memory_weight=weight,
-                            cache=cache))
-        return tried[-1]
+        result = search(graph, topology, options=options, memory_weight=weight, cache=cache)
+        logging.info("memory weight %g: peak %s per device (budget %s), %s moved", weight,
+                     human_bytes(result.memory.peak_bytes), human_bytes(budget),
+                     human_bytes(result.total_bytes))
+        tried.append(result)
+        return result
 
     def fits(result: SearchResult) -> bool:
-        logging.info("memory weight %g: peak %s per device (budget %s), %s moved",
-                     weights[len(tried) - 1], human_bytes(result.memory.peak_bytes),
-                     human_bytes(budget), human_bytes(result.total_bytes))
         return result.memory.peak_bytes <= budget
 
     if not fits(run(0.0)) and fits(run(MAX_MEMORY_WEIGHT)):

@@ -444,7 +444,7 @@ def sub_problem(problem: Problem, states, choices, k: int) -> Problem:
     for name, spec in problem.tensors.items():
         state = states.get(name)
         if state is not None and state.kind == "split":
-            spec = TensorSpec(name, _part0_shape(spec.shape, state, problem.k), spec.dtype)
+            spec = TensorSpec(name, part0_shape(spec.shape, state, problem.k), spec.dtype)
         tensors[name] = spec
     cache = problem.cache
     ops = [_local_problem_op(problem, op, choices[op.name], tensors, cache.semantics,
@@ -452,7 +452,7 @@ def sub_problem(problem: Problem, states, choices, k: int) -> Problem:
     return Problem(k, ops, tensors, problem.replicable, problem.replicate_below, cache=cache)
 
 
-def _part0_shape(shape, state, k: int) -> tuple[int, ...]:
+def part0_shape(shape, state, k: int) -> tuple[int, ...]:
     if state is None or state.kind != "split":
         return shape
     out = list(shape)
