@@ -13,7 +13,7 @@ if "tensorflow" not in sys.modules:
 
 from tofu_tf.errors import (DescriptionError, DynamicShapeError, GraphImportError,
                             PartitionError, PlanInfeasibleError, RegistryError, RewriteError,
-                            TofuError, UnsupportedOpError)
+                            TofuError, UnsupportedOpError, WorkerError)
 from tofu_tf.graph import Graph, Op, Role, Tensor, Variable
 from tofu_tf.options import Objective, Options, VariableStorage
 from tofu_tf.search.plan import Plan
@@ -24,6 +24,7 @@ __all__ = [
     "Options",
     "PartitionError", "Plan", "PlanInfeasibleError", "RegistryError", "RewriteError", "Role",
     "Tensor", "TofuError", "Topology", "UnsupportedOpError", "Variable", "VariableStorage",
+    "WorkerError",
     "function", "optimize",
 ]
 

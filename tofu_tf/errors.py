@@ -11,10 +11,13 @@ what was expected, and how to fix it. Callers catch `TofuError` for all of them.
     ├── RegistryError           an op type is registered twice, or looked up wrongly
     ├── PartitionError          a strategy or region cannot be derived or applied
     ├── PlanInfeasibleError     no plan satisfies the constraints (devices, memory)
-    └── RewriteError            the partitioned graph cannot be emitted or fails checks
+    ├── RewriteError            the partitioned graph cannot be emitted or fails checks
+    └── WorkerError             a worker of a cluster failed, or the cluster cannot start
 """
 
 from __future__ import annotations
+
+import re
 
 
 class TofuError(Exception):
@@ -72,3 +75,16 @@ class PlanInfeasibleError(TofuError):
 
 class RewriteError(TofuError):
     """The partitioned graph cannot be emitted, or fails verification."""
+
+
+class WorkerError(TofuError):
+    """A worker process of a cluster is gone, failed a step, or cannot start."""
+
+
+def tf_error_cause(message: str) -> tuple[str, str | None]:
+    """(the first line that says what failed, the first node named) of a TensorFlow error
+    message, which opens with headings ("Graph execution error:", "=====", "From ...:")."""
+    lines = [line.strip() for line in message.splitlines()]
+    causes = [line for line in lines if line and not line.endswith(":") and line.strip("= ")]
+    node = re.search(r"\{\{node ([^}]+)\}\}", message)
+    return (causes or [message.strip()])[0][:300], node.group(1) if node else None

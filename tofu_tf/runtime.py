@@ -36,7 +36,15 @@ class _SessionOwner:
     session: tf.compat.v1.Session
 
     def close(self) -> None:
-        self.session.close()
+        if self.session is not None:
+            self.session.close()
+
+    def abandon(self) -> None:
+        """Drops the session without its close call, which on a cluster that lost a worker
+        waits the whole operation timeout; the local handle is still freed."""
+        if self.session is not None:
+            self.session._closed = True           # noqa: SLF001 -- BaseSession skips close
+            self.session = None
 
     def __enter__(self):
         return self
@@ -53,15 +61,26 @@ class SingleDevice(_SessionOwner):
         self.graph = tf.Graph()
         with self.graph.as_default():
             tf.compat.v1.import_graph_def(graph_def, name="")
-            self._reads = {op.name: tf.raw_ops.ReadVariableOp(resource=op.outputs[0],
-                                                              dtype=op.get_attr("dtype"))
-                           for op in self.graph.get_operations() if op.type == "VarHandleOp"}
+            self._reads, self._assigns = {}, {}
+            for op in self.graph.get_operations():
+                if op.type == "VarHandleOp":
+                    dtype = op.get_attr("dtype")
+                    self._reads[op.name] = tf.raw_ops.ReadVariableOp(resource=op.outputs[0],
+                                                                     dtype=dtype)
+                    value = tf.compat.v1.placeholder(dtype)
+                    self._assigns[op.name] = (value, tf.raw_ops.AssignVariableOp(
+                        resource=op.outputs[0], value=value))
         self.fetches = list(fetches)
         self.session = tf.compat.v1.Session(graph=self.graph, config=session_config(1))
         self.session.run(init_op)
 
     def run(self, feeds: Mapping[str, np.ndarray]):
         return self.session.run(self.fetches, dict(feeds))
+
+    def load(self, values: Mapping[str, np.ndarray]) -> None:
+        """Sets the variables named in `values`."""
+        self.session.run([self._assigns[name][1] for name in values],
+                         {self._assigns[name][0]: value for name, value in values.items()})
 
     def values(self) -> dict[str, np.ndarray]:
         return self.session.run(self._reads)

@@ -71,3 +71,24 @@ def test_plan_json_has_the_memory_fields(tmp_path):
     assert len(data["per_device_peak_bytes"]) == 8
     assert max(data["per_device_peak_bytes"]) <= data["memory_budget_bytes"] == 300 * 1024
     assert data["single_device_peak_bytes"] > max(data["per_device_peak_bytes"])
+
+
+def test_train_on_a_local_cluster_checkpoints_and_resumes(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    common = ("--model=mlp", "--topology=2x2", "--local_cluster", "--optimizer=adam",
+              f"--checkpoint_dir={ckpt}")
+    run = _run("tofu_tf.train", *common, "--steps=2", timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "MATCH: 2 steps on 4 devices in 2 worker processes" in run.stdout
+    assert (ckpt / "ckpt-2.index").exists()
+    run = _run("tofu_tf.train", *common, "--steps=1", "--resume", timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "resuming after step 2" in run.stderr and "step 3: loss" in run.stderr
+
+
+def test_train_with_a_cluster_that_does_not_fit_the_topology_exits_2():
+    run = _run("tofu_tf.train", "--model=mlp", "--topology=2x2",
+               "--cluster=127.0.0.1:1,127.0.0.1:2,127.0.0.1:3")
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert "names 3 workers" in run.stderr and "--topology=3x" in run.stderr
+    assert "Traceback" not in run.stderr

@@ -19,23 +19,24 @@ def reference(step, batches):
         return initial, losses, single.values()
 
 
-def partitioned(step, batches, initial, **kwargs):
+def partitioned(step, batches, initial, session=None, **kwargs):
+    """`session`: Runner keywords (a cluster's target and config)."""
     optimized = optimize(step.graph_def, step.fetches, feeds=list(step.feeds), **kwargs)
-    with Runner(optimized, initial) as runner:
+    with Runner(optimized, initial, **(session or {})) as runner:
         losses = [runner.run(dict(zip(step.feeds, batch)))[0] for batch in batches]
         final = runner.values()
     return optimized, losses, final
 
 
 def compare(model: str, optimizer: str, steps: int = 3, batch_size: int = 8,
-            dtype: str = "float32", **kwargs):
+            dtype: str = "float32", session=None, **kwargs):
     """Build, run both, assert equal within (RTOL, ATOL); returns the optimized graph."""
     extra = {} if dtype == "float32" else {"dtype": dtype}
     step = build(model, optimizer=optimizer, graph_only=True, batch_size=batch_size,
                  **extra)
     batches = [step.sample_batch(seed) for seed in range(steps)]
     initial, want_losses, want = reference(step, batches)
-    optimized, losses, got = partitioned(step, batches, initial, **kwargs)
+    optimized, losses, got = partitioned(step, batches, initial, session, **kwargs)
     np.testing.assert_allclose(losses, want_losses, rtol=RTOL, atol=ATOL)
     bad = {name: float(np.max(np.abs(got[name] - want[name]))) for name in want
            if not np.allclose(got[name], want[name], rtol=RTOL, atol=ATOL)}
