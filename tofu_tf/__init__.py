@@ -12,7 +12,8 @@ if "tensorflow" not in sys.modules:
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 from tofu_tf.errors import (DescriptionError, DynamicShapeError, GraphImportError,
-                            PartitionError, PlanInfeasibleError, RegistryError, RewriteError,
+                            PartitionError, PlanInfeasibleError, PlanMismatchError, RegistryError,
+                            RewriteError,
                             TofuError, UnsupportedOpError, WorkerError)
 from tofu_tf.graph import Graph, Op, Role, Tensor, Variable
 from tofu_tf.options import Objective, Options, VariableStorage
@@ -22,7 +23,7 @@ from tofu_tf.search.topology import Topology
 __all__ = [
     "DescriptionError", "DynamicShapeError", "Graph", "GraphImportError", "Objective", "Op",
     "Options",
-    "PartitionError", "Plan", "PlanInfeasibleError", "RegistryError", "RewriteError", "Role",
+    "PartitionError", "Plan", "PlanInfeasibleError", "PlanMismatchError", "RegistryError", "RewriteError", "Role",
     "Tensor", "TofuError", "Topology", "UnsupportedOpError", "Variable", "VariableStorage",
     "WorkerError",
     "function", "optimize",

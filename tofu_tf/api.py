@@ -47,6 +47,7 @@ from tofu_tf.rewrite.ledger import Ledger
 from tofu_tf.rewrite.verify import verify
 from tofu_tf.runtime import Runner
 from tofu_tf.search.plan import Plan, make_plan
+from tofu_tf.search.reuse import check_plan, plan_topology
 from tofu_tf.search.topology import Topology
 
 
@@ -79,8 +80,10 @@ def optimize(graph_def: graph_pb2.GraphDef, fetches: Sequence[str], *,
              expose: Sequence[str] = ()) -> Optimized:
     """Partition a training step. `fetches`: tensor ('loss:0') or op ('train_op') names;
     `feeds`: the placeholders fed each step; `num_devices` or `topology` ('2x4');
-    `devices`: device names (default: this host's logical CPUs)."""
-    topology = topology_of(num_devices, topology)
+    `devices`: device names (default: this host's logical CPUs); `plan`: a stored plan
+    (`Plan.from_json`) to use instead of searching, checked against the graph first
+    (without `num_devices` and `topology`, the plan's topology)."""
+    topology = topology_of(num_devices, topology, plan)
     imported = import_graph_def(graph_def, list(fetches), feeds=list(feeds))
     return optimize_imported(imported, topology, feeds=feeds, options=options,
                              devices=devices, plan=plan, expose=expose)
@@ -92,7 +95,10 @@ def optimize_imported(imported: ImportedGraph, topology: Topology, *,
                       expose: Sequence[str] = ()) -> Optimized:
     """Plan (unless given), emit and verify an imported graph."""
     entries = catalog(imported.graph, strict=True)
-    plan = plan or make_plan(imported.graph, topology, options=options)
+    if plan is None:
+        plan = make_plan(imported.graph, topology, options=options)
+    else:
+        check_plan(plan, imported.graph, topology, entries)
     emitted = emit(imported.graph, imported.graph_def, entries, plan, devices=devices,
                    feeds=feeds, expose=expose, collectives_mode=options.collectives,
                    sequential=options.sequential)
@@ -101,7 +107,11 @@ def optimize_imported(imported: ImportedGraph, topology: Topology, *,
                      emitted.devices, emitted.fetches, tuple(feeds), imported.graph)
 
 
-def topology_of(num_devices: int | None, topology: Topology | str | None) -> Topology:
+def topology_of(num_devices: int | None, topology: Topology | str | None,
+                plan: Plan | None = None) -> Topology:
+    """The topology from `num_devices` or `topology`; with neither, `plan`'s."""
+    if plan is not None and num_devices is None and topology is None:
+        return plan_topology(plan)
     if (num_devices is None) == (topology is None):
         raise TofuError("pass exactly one of num_devices and topology.",
                         fix="e.g. num_devices=8, or topology='2x4'.")
@@ -113,10 +123,10 @@ def topology_of(num_devices: int | None, topology: Topology | str | None) -> Top
 class PartitionedFunction:
     def __init__(self, fn: Callable, *, num_devices: int | None = None,
                  topology: Topology | str | None = None, options: Options = Options(),
-                 devices: Sequence[str] | None = None):
+                 devices: Sequence[str] | None = None, plan: Plan | None = None):
         self._fn = fn if hasattr(fn, "get_concrete_function") else tf.function(fn)
-        self._topology = topology_of(num_devices, topology)
-        self._options, self._devices = options, devices
+        self._topology = topology_of(num_devices, topology, plan)
+        self._options, self._devices, self._plan = options, devices, plan
         self._runner: Runner | None = None
         self._optimized: Optimized | None = None
         self._variables: dict[str, Any] = {}
@@ -141,7 +151,8 @@ class PartitionedFunction:
         internal = {t.ref() for _, t in concrete.graph.captures}
         self._feeds = [t.name for t in concrete.inputs if t.ref() not in internal]
         self._optimized = optimize_imported(imported, self._topology, feeds=self._feeds,
-                                            options=self._options, devices=self._devices)
+                                            options=self._options, devices=self._devices,
+                                            plan=self._plan)
         self._variables = dict(imported.captures)
         self._num_outputs = len(concrete.outputs)
         self._structure = concrete.structured_outputs
@@ -182,9 +193,10 @@ class PartitionedFunction:
 
 def function(fn: Callable | None = None, *, num_devices: int | None = None,
              topology: Topology | str | None = None, options: Options = Options(),
-             devices: Sequence[str] | None = None):
-    """Decorator: `@tofu_tf.function(num_devices=8)` (see the module docstring)."""
+             devices: Sequence[str] | None = None, plan: Plan | None = None):
+    """Decorator: `@tofu_tf.function(num_devices=8)` (see the module docstring); `plan`:
+    a stored plan instead of the search, as in `optimize`."""
     def wrap(step: Callable) -> PartitionedFunction:
         return PartitionedFunction(step, num_devices=num_devices, topology=topology,
-                                   options=options, devices=devices)
+                                   options=options, devices=devices, plan=plan)
     return wrap(fn) if fn is not None else wrap

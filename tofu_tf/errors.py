@@ -11,6 +11,7 @@ what was expected, and how to fix it. Callers catch `TofuError` for all of them.
     ├── RegistryError           an op type is registered twice, or looked up wrongly
     ├── PartitionError          a strategy or region cannot be derived or applied
     ├── PlanInfeasibleError     no plan satisfies the constraints (devices, memory)
+    ├── PlanMismatchError       a given plan does not fit the graph it is applied to
     ├── RewriteError            the partitioned graph cannot be emitted or fails checks
     └── WorkerError             a worker of a cluster failed, or the cluster cannot start
 """
@@ -71,6 +72,10 @@ class PlanInfeasibleError(TofuError):
         super().__init__(message, **kwargs)
         self.best_peak_bytes = best_peak_bytes
         self.best_plan = best_plan
+
+
+class PlanMismatchError(TofuError):
+    """A plan passed to `optimize(plan=...)` was made for another graph or topology."""
 
 
 class RewriteError(TofuError):
