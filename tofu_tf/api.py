@@ -47,7 +47,7 @@ from tofu_tf.rewrite.ledger import Ledger
 from tofu_tf.rewrite.verify import verify
 from tofu_tf.runtime import Runner
 from tofu_tf.search.plan import Plan, make_plan
-from tofu_tf.search.reuse import check_plan, plan_topology
+from tofu_tf.search.reuse import check_plan
 from tofu_tf.search.topology import Topology
 
 
@@ -111,7 +111,7 @@ def topology_of(num_devices: int | None, topology: Topology | str | None,
                 plan: Plan | None = None) -> Topology:
     """The topology from `num_devices` or `topology`; with neither, `plan`'s."""
     if plan is not None and num_devices is None and topology is None:
-        return plan_topology(plan)
+        return plan.get_topology()
     if (num_devices is None) == (topology is None):
         raise TofuError("pass exactly one of num_devices and topology.",
                         fix="e.g. num_devices=8, or topology='2x4'.")

@@ -64,8 +64,3 @@ def check_plan(plan: Plan, graph: Graph, topology: Topology,
         raise PlanMismatchError(f"the plan has {len(extra)} ops the graph lacks.",
                                 node=extra[0], op_type=plan.op_types[extra[0]], fix=FIX)
 
-
-def plan_topology(plan: Plan) -> Topology:
-    """The topology a plan was made for."""
-    from tofu_tf.search.topology import Level
-    return Topology(tuple(Level(int(w), float(b), float(lat)) for w, b, lat in plan.topology))
