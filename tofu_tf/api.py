@@ -29,6 +29,7 @@ does the reverse, after the original variables were changed or restored.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -36,9 +37,9 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
-from tofu_tf.errors import TofuError
+from tofu_tf.errors import KeptWholeWarning, TofuError
 from tofu_tf.graph import Graph
-from tofu_tf.op_semantics.catalog import catalog
+from tofu_tf.op_semantics.catalog import catalog, missing_types
 from tofu_tf.options import Options
 from tofu_tf.rewrite.emit import Shard, emit
 from tofu_tf.rewrite.graphdef_io import (ImportedGraph, import_concrete_function,
@@ -94,7 +95,8 @@ def optimize_imported(imported: ImportedGraph, topology: Topology, *,
                       devices: Sequence[str] | None = None, plan: Plan | None = None,
                       expose: Sequence[str] = ()) -> Optimized:
     """Plan (unless given), emit and verify an imported graph."""
-    entries = catalog(imported.graph, strict=True)
+    entries = catalog(imported.graph, strict=options.strict)
+    _warn_kept_whole(entries)
     if plan is None:
         plan = make_plan(imported.graph, topology, options=options)
     else:
@@ -105,6 +107,19 @@ def optimize_imported(imported: ImportedGraph, topology: Topology, *,
     verify(emitted, imported.graph)
     return Optimized(emitted.graph_def, plan, emitted.ledger, emitted.shards,
                      emitted.devices, emitted.fetches, tuple(feeds), imported.graph)
+
+
+def _warn_kept_whole(entries) -> None:
+    missing = missing_types(entries)
+    if missing:
+        listed = "; ".join(f"{op_type} ({len(names)}: {', '.join(names[:3])}"
+                           f"{', ...' if len(names) > 3 else ''})"
+                           for op_type, names in sorted(missing.items()))
+        warnings.warn(KeptWholeWarning(
+            f"ops of {len(missing)} types without a description are kept whole (every "
+            f"device runs them on whole inputs): {listed}. Describe them with @semantics "
+            "in tofu_tf/op_semantics/ops/ to partition them; Options(strict=True) makes "
+            "this an error."), stacklevel=3)
 
 
 def topology_of(num_devices: int | None, topology: Topology | str | None,

@@ -93,3 +93,7 @@ def tf_error_cause(message: str) -> tuple[str, str | None]:
     causes = [line for line in lines if line and not line.endswith(":") and line.strip("= ")]
     node = re.search(r"\{\{node ([^}]+)\}\}", message)
     return (causes or [message.strip()])[0][:300], node.group(1) if node else None
+
+
+class KeptWholeWarning(UserWarning):
+    """Ops of types without a description are kept whole (not partitioned)."""

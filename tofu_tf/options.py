@@ -67,6 +67,9 @@ class Options:
     # limit. The search then returns the least-communication plan it finds that fits, or
     # raises PlanInfeasibleError with the smallest peak it reached.
     memory_budget_bytes: int | None = None
+    # Raise UnsupportedOpError for an op type without a description, instead of keeping
+    # its ops whole (run on whole inputs on every device; listed in a KeptWholeWarning).
+    strict: bool = False
     # Chain each device's ops with control edges in the planned order, so that the
     # executor cannot run ahead and raise the device's peak memory above the estimate.
     sequential: bool = True

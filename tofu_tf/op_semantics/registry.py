@@ -243,9 +243,17 @@ def describe(name: str, op_type: str, attrs: Mapping[str, Any],
 
 
 def _opaque(ctx: OpContext, reason: str) -> Semantics:
-    return Semantics(ctx.name, ctx.type, ctx.input_shapes, ctx.output_shapes,
-                     (None,) * len(ctx.output_shapes), frozenset(), reason, ctx.attrs,
-                     len(ctx.output_shapes))
+    return opaque_semantics(ctx.name, ctx.type, ctx.attrs, ctx.input_shapes,
+                            ctx.output_shapes, reason)
+
+
+def opaque_semantics(name: str, op_type: str, attrs: Mapping[str, Any],
+                     input_shapes: Sequence[Sequence[int]],
+                     output_shapes: Sequence[Sequence[int]], reason: str) -> Semantics:
+    """The description of an op kept whole: no strategies, every output whole."""
+    return Semantics(name, op_type, tuple(map(tuple, input_shapes)),
+                     tuple(map(tuple, output_shapes)), (None,) * len(output_shapes),
+                     frozenset(), reason, attrs, len(output_shapes))
 
 
 def describe_op(graph, op) -> Semantics:

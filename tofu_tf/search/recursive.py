@@ -97,7 +97,7 @@ def level_models(graph: Graph, topology: Topology, entries: dict[str, OpEntry] |
                  cache: SearchCache | None = None):
     """Yield (LevelModel, solve) per level; the caller's solver picks each level's result
     (the DP here, baselines elsewhere) and the next level is built from it."""
-    entries = entries if entries is not None else catalog(graph, strict=True)
+    entries = entries if entries is not None else catalog(graph, strict=options.strict)
     coarse = coarse if coarse is not None else coarsen(graph, entries)
     replicable = (variable_tensors(graph, coarse) if storage is VariableStorage.REPLICABLE
                   else frozenset())
@@ -131,7 +131,7 @@ def _search(graph, topology, solver, entries, options, memory_weight, cache) -> 
     start = time.perf_counter()
     solver = solver or functools.partial(solve_level, max_table=options.max_dp_table,
                                          beam=options.dp_beam, memory_weight=memory_weight)
-    entries = entries if entries is not None else catalog(graph, strict=True)
+    entries = entries if entries is not None else catalog(graph, strict=options.strict)
     coarse = coarsen(graph, entries)
     policies = ([VariableStorage.REPLICABLE, VariableStorage.PARTITIONED]
                 if options.variable_storage is VariableStorage.AUTO
