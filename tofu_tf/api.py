@@ -49,7 +49,7 @@ from tofu_tf.rewrite.verify import verify
 from tofu_tf.runtime import Runner
 from tofu_tf.search.plan import Plan, make_plan
 from tofu_tf.search.reuse import check_plan
-from tofu_tf.search.topology import Topology
+from tofu_tf.search.topology import Topology, check_fits
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,7 @@ def optimize_imported(imported: ImportedGraph, topology: Topology, *,
                       devices: Sequence[str] | None = None, plan: Plan | None = None,
                       expose: Sequence[str] = ()) -> Optimized:
     """Plan (unless given), emit and verify an imported graph."""
+    check_fits(imported.graph, topology)
     entries = catalog(imported.graph, strict=options.strict)
     _warn_kept_whole(entries)
     if plan is None:

@@ -81,6 +81,7 @@ def main(argv) -> int:
     del argv
     from tofu_tf.errors import TofuError
     from tofu_tf.search.plan import make_plan
+    from tofu_tf.search.topology import check_fits
     try:
         topology = _cli.topology()
         start = time.perf_counter()
@@ -88,6 +89,7 @@ def main(argv) -> int:
         graph = build_graph(FLAGS.model, FLAGS.batch_size, FLAGS.optimizer, model_sizes())
         build_seconds = time.perf_counter() - start
         logging.info("planning %d ops over %s ...", len(graph), topology)
+        check_fits(graph, topology)
         plan = make_plan(graph, topology, options=_cli.options())
         print(plan)
         data = report(plan, graph, topology, with_baselines=FLAGS.baselines,

@@ -57,7 +57,7 @@ def catalog(graph: Graph, *, strict: bool = False,
     for op in graph:
         entry = catalog_op(graph, op, memo)
         if entry.status == MISSING:
-            on_resource = any(graph.tensors[t].dtype == "resource" for t in op.inputs)
+            on_resource = any(graph.tensors[t].is_resource for t in op.inputs)
             if strict or on_resource:
                 why = (" It takes a resource (a variable, which may be stored in shards), "
                        "so it cannot be kept whole." if on_resource and not strict else "")

@@ -62,6 +62,32 @@ def check_fetches(graph_def: graph_pb2.GraphDef, fetches: Sequence[str], what: s
                 fix=f"pass an existing tensor ('name:0') or op name as the {what}.")
 
 
+def check_well_formed(graph_def: graph_pb2.GraphDef) -> None:
+    """Names the first node TensorFlow would reject (or abort on) when importing: a name
+    used twice, an op type neither registered nor in the graph's function library, an
+    input naming no node."""
+    from tensorflow.python.framework import op_def_registry
+    functions = {f.signature.name for f in graph_def.library.function}
+    seen: set[str] = set()
+    for node in graph_def.node:
+        if node.name in seen:
+            raise GraphImportError("two nodes have this name.", node=node.name,
+                                   op_type=node.op, fix="give every node a unique name.")
+        seen.add(node.name)
+        if node.op not in functions and op_def_registry.get(node.op) is None:
+            raise GraphImportError(
+                f"op type '{node.op}' is not registered in this TensorFlow.", node=node.name,
+                op_type=node.op, fix="load the library that defines it "
+                                     "(tf.load_op_library) before importing the graph.")
+    for node in graph_def.node:
+        for name in node.input:
+            if node_of(name) not in seen:
+                raise GraphImportError(
+                    f"input '{name}' names no node of the graph.", node=node.name,
+                    op_type=node.op, fix="pass a complete GraphDef (every input's node "
+                                         "included), e.g. graph.as_graph_def().")
+
+
 def replace_nodes(graph_def: graph_pb2.GraphDef,
                   replacements: Mapping[str, node_def_pb2.NodeDef]) -> graph_pb2.GraphDef:
     """A copy of `graph_def` with the named nodes swapped for new NodeDefs."""

@@ -127,6 +127,7 @@ def _check_names(graph_def: graph_pb2.GraphDef, fetches: Sequence[str],
     if not fetches:
         raise GraphImportError("no fetches given.",
                                fix="pass the loss tensor and the train op as fetches.")
+    _normalise.check_well_formed(graph_def)
     _normalise.check_fetches(graph_def, fetches, "fetch")
     _normalise.check_fetches(graph_def, feeds, "feed")
 

@@ -180,3 +180,21 @@ class Topology:
 
     def __str__(self) -> str:
         return "x".join(str(level) for level in self.levels)
+
+
+def check_fits(graph, topology: Topology) -> None:
+    """Raises `PlanInfeasibleError` when even the graph's largest tensor has fewer elements
+    than the topology has devices: no plan could give every device a part of anything."""
+    sizes = {name: math.prod(t.shape) for name, t in graph.tensors.items()
+             if not t.is_resource}
+    if not sizes:
+        return
+    largest = max(sizes, key=lambda name: (sizes[name], name))
+    if sizes[largest] < topology.num_devices:
+        op = graph.producer(largest)
+        raise PlanInfeasibleError(
+            f"its output {largest} of shape {list(graph.tensors[largest].shape)} is the "
+            f"largest tensor of the graph and has {sizes[largest]} elements, fewer than the "
+            f"{topology.num_devices} devices: some devices would hold nothing at all.",
+            node=op.name, op_type=op.type,
+            fix=f"use at most {max(sizes[largest], 1)} devices, or a larger batch or model.")
