@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from tofu_tf.search.dp import Factor, evaluate, solve
+from tofu_tf.search.dp import Factor, _Eliminator, evaluate, solve
 
 
 @st.composite
@@ -48,6 +48,28 @@ def test_fallback_reports_a_consistent_assignment(case):
     assert solution.cost >= _brute_force(domains, factors) - 1e-9
     if solution.restricted_steps == 0:
         assert solution.exact
+
+
+def _sizes_from_tables(elim: _Eliminator) -> list[int]:
+    """Each variable's combined-table size, recounted from the live tables."""
+    sizes = []
+    for v in range(len(elim.allowed)):
+        members = {v} | {u for tid in elim.touching[v] for u in elim.tables[tid].scope}
+        sizes.append(int(np.prod([len(elim.allowed[u]) for u in members], dtype=object)))
+    return sizes
+
+
+@settings(max_examples=150, deadline=None)
+@given(factor_graphs(), st.sampled_from([2, 4, 2 ** 22]))
+def test_tracked_sizes_equal_recounted_sizes(case, max_table):
+    """The sizes kept up to date table by table are those recounted from scratch, after
+    every elimination (restricted or not)."""
+    domains, factors, order = case
+    elim = _Eliminator(domains, factors, max_table, beam=1)
+    assert elim.sizes == _sizes_from_tables(elim)
+    for v in order:
+        elim.eliminate(v)
+        assert elim.sizes == _sizes_from_tables(elim)
 
 
 def test_chain_of_thousands_stays_small():
