@@ -68,6 +68,16 @@ def Partial(reducer: str) -> OutputState:
 REPLICATED = OutputState("replicated")
 
 
+def clamp_slices(requested: tuple[tuple[int, int], ...], shape: tuple[int, ...]
+                 ) -> tuple[tuple[int, int], ...]:
+    """Half-open `requested` slices clamped to [0, n) per dim (may be empty, never inverted)."""
+    out = []
+    for (a, b), size in zip(requested, shape):
+        start = min(max(a, 0), size)
+        out.append((start, max(min(b, size), start)))
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class InputRegion:
     """What one part needs of one input.
@@ -94,8 +104,7 @@ class InputRegion:
 
     def slices(self, lo: int, hi: int, shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
         """Half-open [start, stop) per dim, clamped to the tensor (may be empty)."""
-        return tuple((min(max(a, 0), size), max(min(b, size), min(max(a, 0), size)))
-                     for (a, b), size in zip(self.requested(lo, hi, shape), shape))
+        return clamp_slices(self.requested(lo, hi, shape), shape)
 
     def dim_label(self, dim: int, size: int) -> str:
         interval = self.dims[dim]

@@ -50,7 +50,9 @@ class Bound:
         return not self.coefs
 
     def evaluate(self, env: Mapping[str, int]) -> int:
-        total = self.const + sum(c * env[s] for s, c in self.coefs)
+        total = self.const
+        for symbol, coef in self.coefs:
+            total += coef * env[symbol]
         return total // self.den
 
     def _numerator(self) -> dict[str, int]:

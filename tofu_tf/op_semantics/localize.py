@@ -86,7 +86,7 @@ def _pads(requested: Slices, clamped: Slices) -> Slices:
 def default_local_op(sem: Semantics, strategy: Strategy | None, k: int, part: int
                      ) -> tuple[LocalOp, LocalContext]:
     """The local op before any hook: same kernel, derived regions."""
-    from tofu_tf.op_semantics.analysis import replicated_regions
+    from tofu_tf.op_semantics.analysis import clamp_slices, replicated_regions
     regions = strategy.inputs if strategy is not None else replicated_regions(sem)
     lo, hi = strategy.part(k, part) if strategy is not None else (0, 0)
     requested, slices, pads, fills = [], [], [], []
@@ -95,7 +95,7 @@ def default_local_op(sem: Semantics, strategy: Strategy | None, k: int, part: in
             requested.append(None), slices.append(None), pads.append(None), fills.append(None)
             continue
         req = region.requested(lo, hi, shape)
-        clamped = region.slices(lo, hi, shape)
+        clamped = clamp_slices(req, shape)
         requested.append(req)
         slices.append(clamped)
         fills.append(region.fill)

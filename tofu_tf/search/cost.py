@@ -24,6 +24,7 @@ The volumes |R_p ∩ H_p(X)| for every state X at once are the inner loop of the
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,7 +60,7 @@ def held_box(shape: tuple[int, ...], state: OutputState, k: int, part: int) -> B
 
 
 def box_volume(box: Box) -> int:
-    return int(np.prod([max(b - a, 0) for a, b in box], dtype=np.int64))
+    return int(math.prod([max(b - a, 0) for a, b in box]))
 
 
 def part_bounds(n: int, k: int) -> np.ndarray:

@@ -16,6 +16,7 @@ from typing import Mapping
 
 from absl import logging
 
+from tofu_tf._gc import paused_gc
 from tofu_tf.errors import PlanInfeasibleError
 from tofu_tf.graph import Graph
 from tofu_tf.options import Options
@@ -238,8 +239,12 @@ def make_plan(graph: Graph, topology: Topology | None = None, *, num_devices: in
               options: Options = Options()) -> Plan:
     """Search the communication-minimal plan of `graph` over `topology` (or num_devices);
     with `options.memory_budget_bytes`, the least-communication plan found that fits."""
+    with paused_gc():      # the plan's memory figures walk the whole graph too
+        return _make_plan(graph, topology or Topology.default(num_devices), options)
+
+
+def _make_plan(graph: Graph, topology: Topology, options: Options) -> Plan:
     start = time.perf_counter()
-    topology = topology or Topology.default(num_devices)
     if options.memory_budget_bytes is None:
         result = search(graph, topology, options=options)
     else:

@@ -21,7 +21,7 @@ from typing import Mapping
 import numpy as np
 
 from tofu_tf.graph import DTYPE_SIZES
-from tofu_tf.op_semantics.analysis import REPLICATED, OutputState, Strategy
+from tofu_tf.op_semantics.analysis import REPLICATED, OutputState, Strategy, clamp_slices
 from tofu_tf.op_semantics.localize import LocalOp, localize
 from tofu_tf.op_semantics.memo import SemanticsMemo
 from tofu_tf.op_semantics.registry import Semantics
@@ -127,8 +127,8 @@ def clamp_box(box: Box, shape: tuple[int, ...], delta: tuple[int, ...],
     limits = clamp_to or tuple((0, n) for n in shape)
     out = []
     for (a, b), (lo, hi), d in zip(box, limits, delta):
-        a, b = min(max(a + d, lo), hi), min(max(b + d, lo), hi)
-        out.append((a, max(a, b)))
+        start = min(max(a + d, lo), hi)
+        out.append((start, max(start, min(max(b + d, lo), hi))))
     return tuple(out)
 
 
@@ -175,7 +175,7 @@ def make_choice(problem: Problem, op: ProblemOp, strategy: Strategy | None) -> C
         window = op.windows[i] if i < len(op.windows) else None
         needs = [clamp_box(_local_input_box(local, i), shape, op.input_offsets[i],
                            clamp_to=window or _whole(shape)) for local in locals_]
-        input_boxes.append(tuple(_clip(box, shape) for box in needs))
+        input_boxes.append(tuple(clamp_slices(box, shape) for box in needs))
         extra.append(fetch_extra(needs, window, shape))
     produced, output_boxes = [], []
     for o, tensor in enumerate(op.outputs):
@@ -195,21 +195,12 @@ def fetch_extra(needs, window: Box | None, shape) -> int:
     window only) beyond the one copy of the window's outside an outer level delivered."""
     if window is None:
         return 0
-    return (sum(box_volume(b) - box_volume(_clip(b, shape)) for b in needs)
-            - (box_volume(window) - box_volume(_clip(window, shape))))
+    return (sum(box_volume(b) - box_volume(clamp_slices(b, shape)) for b in needs)
+            - (box_volume(window) - box_volume(clamp_slices(window, shape))))
 
 
 def _whole(shape) -> Box:
     return tuple((0, n) for n in shape)
-
-
-def _clip(box: Box, shape) -> Box:
-    """`box` within [0, n) per dim (never inverted)."""
-    out = []
-    for (a, b), n in zip(box, shape):
-        a = min(max(a, 0), n)
-        out.append((a, max(a, min(b, n))))
-    return tuple(out)
 
 
 def output_spec(problem: Problem, op: ProblemOp, index: int) -> TensorSpec:
