@@ -12,10 +12,16 @@ built from two `tf.range`s and a comparison rather than stored as a seq_len^2 Co
 GraphDef stays small at any sequence length. x, y: int32 [batch, seq_len]; the floats
 (weights, mask, activations) are the step dtype.
 GPT-2 medium: layers 24, d_model 1024, heads 16, seq_len 1024, vocab 50257.
+
+`dropout` (default 0: none) drops attention probabilities and the outputs of the attention
+and MLP sublayers at that rate (`tf.nn.dropout` with fixed op seeds, so a graph draws the
+same masks in every run; a RandomUniform op, kept whole by the partitioner: every device
+draws the whole mask from the same seeds and keeps its part).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -25,16 +31,32 @@ from tofu_tf.errors import TofuError
 from tofu_tf.models import layers
 from tofu_tf.models.builder import ModelDef, check_positive_int
 
-DEFAULTS = {"layers": 2, "d_model": 32, "heads": 4, "seq_len": 16, "vocab": 64}
+DEFAULTS = {"layers": 2, "d_model": 32, "heads": 4, "seq_len": 16, "vocab": 64,
+            "dropout": 0.0}
 INIT_SCALE = 0.02
+DROPOUT_SEED = 1000          # op seed of the first dropout; each next one adds 1
 
 
 def normalize(sizes: dict) -> dict:
-    sizes = {k: check_positive_int(f"transformer {k}", sizes[k]) for k in DEFAULTS}
+    rate = sizes["dropout"]
+    sizes = {k: check_positive_int(f"transformer {k}", sizes[k])
+             for k in DEFAULTS if k != "dropout"}
     if sizes["d_model"] % sizes["heads"]:
         raise TofuError(f"transformer heads={sizes['heads']} must divide "
                         f"d_model={sizes['d_model']}.")
-    return sizes
+    if not (isinstance(rate, (int, float)) and 0 <= rate < 1):
+        raise TofuError(f"transformer dropout={rate!r} is not a rate in [0, 1).")
+    return {**sizes, "dropout": float(rate)}
+
+
+def dropout(sizes: dict, seeds):
+    """Returns drop(t): `tf.nn.dropout` at the model's rate, each call its own op seed
+    (from the iterator `seeds`); the identity at rate 0."""
+    def drop(t):
+        if not sizes["dropout"]:
+            return t
+        return tf.nn.dropout(t, rate=sizes["dropout"], seed=next(seeds))
+    return drop
 
 
 def causal_bias(seq_len: int, dtype: tf.DType = tf.float32) -> tf.Tensor:
@@ -44,7 +66,7 @@ def causal_bias(seq_len: int, dtype: tf.DType = tf.float32) -> tf.Tensor:
     return (allowed - 1.0) * 1e9
 
 
-def self_attention(store, name: str, sizes: dict, batch_size: int):
+def self_attention(store, name: str, sizes: dict, batch_size: int, drop):
     """Returns apply(h, bias) for h of shape [batch * seq_len, d_model]."""
     d_model, heads, seq_len = sizes["d_model"], sizes["heads"], sizes["seq_len"]
     head_dim = d_model // heads
@@ -58,23 +80,23 @@ def self_attention(store, name: str, sizes: dict, batch_size: int):
     def apply(h, bias):
         scores = tf.matmul(split_heads(q(h)), split_heads(k(h)), transpose_b=True)
         scores = scores * (1.0 / math.sqrt(head_dim)) + bias
-        context = tf.matmul(tf.nn.softmax(scores, axis=-1), split_heads(v(h)))
+        context = tf.matmul(drop(tf.nn.softmax(scores, axis=-1)), split_heads(v(h)))
         context = tf.transpose(context, [0, 2, 1, 3])
         return out(tf.reshape(context, [batch_size * seq_len, d_model]))
     return apply
 
 
-def decoder_block(store, name: str, sizes: dict, batch_size: int):
+def decoder_block(store, name: str, sizes: dict, batch_size: int, drop):
     d_model = sizes["d_model"]
     norm1 = layers.layer_norm(store, f"{name}/ln1", d_model)
-    attention = self_attention(store, f"{name}/attention", sizes, batch_size)
+    attention = self_attention(store, f"{name}/attention", sizes, batch_size, drop)
     norm2 = layers.layer_norm(store, f"{name}/ln2", d_model)
     up = layers.dense(store, f"{name}/mlp_in", d_model, 4 * d_model, scale=INIT_SCALE)
     down = layers.dense(store, f"{name}/mlp_out", 4 * d_model, d_model, scale=INIT_SCALE)
 
     def apply(h, bias):
-        h = h + attention(norm1(h), bias)
-        return h + down(layers.gelu(up(norm2(h))))
+        h = h + drop(attention(norm1(h), bias))
+        return h + drop(down(layers.gelu(up(norm2(h)))))
     return apply
 
 
@@ -82,7 +104,8 @@ def define(store, sizes: dict, batch_size: int):
     d_model, seq_len, vocab = sizes["d_model"], sizes["seq_len"], sizes["vocab"]
     token_embedding = store.get("wte", [vocab, d_model], INIT_SCALE)
     position_embedding = store.get("wpe", [seq_len, d_model], INIT_SCALE)
-    blocks = [decoder_block(store, f"layer{i}", sizes, batch_size)
+    drop = dropout(sizes, itertools.count(DROPOUT_SEED))
+    blocks = [decoder_block(store, f"layer{i}", sizes, batch_size, drop)
               for i in range(sizes["layers"])]
     final_norm = layers.layer_norm(store, "ln_f", d_model)
     lm_head = store.get("lm_head/kernel", [d_model, vocab], INIT_SCALE)
