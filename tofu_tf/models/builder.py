@@ -25,6 +25,7 @@ from typing import Callable, Mapping
 import numpy as np
 import tensorflow as tf
 
+from tofu_tf._gc import paused_gc
 from tofu_tf.errors import TofuError
 from tofu_tf.models.common import (DEFAULT_DTYPE, FeedSpec, ModelStep, VariableStore,
                                    check_dtype)
@@ -126,7 +127,7 @@ def _build_eager(setup: _Setup) -> dict:
 
 def _build_graph_only(setup: _Setup) -> dict:
     graph = tf.Graph()
-    with graph.as_default():
+    with graph.as_default(), paused_gc():   # ~10^6 small objects, no cycles to collect
         x, y = (tf.compat.v1.placeholder(dtype, shape, name=name)
                 for name, (shape, dtype) in zip("xy", setup.input_specs()))
         store, loss_fn, optimizer = setup.prepare(graph_only=True)

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework.graph_pb2 import GraphDef
+from tensorflow.python.ops import gen_array_ops, gen_stateless_random_ops_v2
 
 from tofu_tf.errors import TofuError
 
@@ -24,6 +25,8 @@ STEP_SETTINGS = ("batch_size", "optimizer", "learning_rate", "momentum", "beta1"
                  "epsilon", "seed", "graph_only", "dtype")  # config keys that are not sizes
 DTYPES = ("float32", "float64")  # valid `dtype` settings; the first is the default
 DEFAULT_DTYPE = DTYPES[0]
+INITIAL_VALUES_SCOPE = "initial_values/"   # graph-only: Consts the initializers share
+RNG_ALGORITHM = 3   # tf.random.Algorithm.AUTO_SELECT, what tf.random.stateless_normal uses
 
 
 def check_dtype(dtype) -> str:
@@ -96,6 +99,7 @@ class VariableStore:
         self.slot_variables: list[tf.Variable] = []
         self.updates: list[tf.Operation] = []
         self._names: set[str] = set()
+        self._constants: dict[tuple, tf.Tensor] = {}     # graph-only initializer Consts
 
     @property
     def variables(self) -> list[tf.Variable]:
@@ -134,20 +138,50 @@ class VariableStore:
 
     def _initial_value(self, shape, init_scale, offset):
         if self.graph_only:
-            if init_scale == 0.0:
-                # A Python [] (scalar shape) converts to a dead float32 Const before the
-                # int32 one Fill reads; int32 dims avoid it. float32 steps keep the list so
-                # their graphs stay as they were.
-                dims = shape if self.dtype == tf.float32 else np.asarray(shape, np.int32)
-                return tf.fill(dims, tf.constant(offset, self.dtype))
-            seed = tf.constant([self.seed, len(self._names)], tf.int32)
-            return tf.random.stateless_normal(shape, seed, mean=offset, stddev=init_scale,
-                                              dtype=self.dtype)
+            return self._graph_initial_value(shape, init_scale, offset)
         np_dtype = self.dtype.as_numpy_dtype
         if init_scale == 0.0:
             return np.full(shape, offset, np_dtype)
         values = self._rng.standard_normal(shape, dtype=np_dtype) * np_dtype(init_scale)
         return values + np_dtype(offset)
+
+
+    def _graph_initial_value(self, shape, init_scale, offset) -> tf.Tensor:
+        """Graph-only: Fill(shape, offset), or the values of `tf.random.stateless_normal(
+        shape, [seed, index], offset, init_scale)`: StatelessRandomNormalV2(shape, key,
+        counter, AUTO_SELECT) * init_scale + offset, key and counter from the seed. The
+        shapes, scalars and algorithm are Consts shared by every variable (the
+        initializers are never run to plan, so their few thousand nodes are built once)."""
+        dims = self._shared_constant(shape, tf.int32)
+        if init_scale == 0.0:
+            _take_name("Const")
+            return gen_array_ops.fill(dims, self._shared_constant(offset, self.dtype),
+                                      name="Fill")
+        seed = tf.constant([self.seed, len(self._names)], tf.int32)
+        with tf.name_scope("stateless_random_normal"):
+            key, counter = gen_stateless_random_ops_v2.stateless_random_get_key_counter(seed)
+            normal = gen_stateless_random_ops_v2.stateless_random_normal_v2(
+                dims, key, counter, self._shared_constant(RNG_ALGORITHM, tf.int32),
+                dtype=self.dtype)
+            return normal * self._shared_constant(init_scale, self.dtype) + \
+                self._shared_constant(offset, self.dtype)
+
+    def _shared_constant(self, value, dtype: tf.DType) -> tf.Tensor:
+        """One Const per (value, dtype) under `INITIAL_VALUES_SCOPE`, outside any control
+        dependencies, so initializers share them."""
+        key = (tuple(value) if isinstance(value, list) else value, dtype)
+        constant = self._constants.get(key)
+        if constant is None:
+            with tf.init_scope(), tf.name_scope(INITIAL_VALUES_SCOPE):
+                constant = self._constants[key] = tf.constant(value, dtype)
+        return constant
+
+
+def _take_name(name: str) -> None:
+    """Use up `name` in the current scope as an op would. The initializers once made a
+    value Const per variable here; taking its name keeps every later op's name (plans
+    name ops) as it was."""
+    tf.compat.v1.get_default_graph().unique_name(name)
 
 
 def variable_name(var: tf.Variable) -> str:
