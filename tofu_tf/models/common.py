@@ -145,7 +145,6 @@ class VariableStore:
         values = self._rng.standard_normal(shape, dtype=np_dtype) * np_dtype(init_scale)
         return values + np_dtype(offset)
 
-
     def _graph_initial_value(self, shape, init_scale, offset) -> tf.Tensor:
         """Graph-only: Fill(shape, offset), or the values of `tf.random.stateless_normal(
         shape, [seed, index], offset, init_scale)`: StatelessRandomNormalV2(shape, key,
