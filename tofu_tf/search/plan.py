@@ -64,7 +64,7 @@ class Plan:
     levels: tuple[LevelPlan, ...]
     num_ops: int
     num_groups: int
-    search_seconds: float
+    search_seconds: float = field(compare=False)      # measures the run: not in ==, JSON
     groups: Mapping[str, int] = field(default_factory=dict)   # tensor -> coarse group
     op_types: Mapping[str, str] = field(default_factory=dict)
     variable_storage: str = "replicable"      # the storage policy of the winning recursion
@@ -107,7 +107,10 @@ class Plan:
 
     # -- JSON ------------------------------------------------------------------------------
     def to_json(self) -> str:
+        """The plan as JSON, byte-identical for the same graph and options: without
+        `search_seconds`, which measures the run rather than describing the plan."""
         data = asdict(self)
+        del data["search_seconds"]
         data["format"] = FORMAT_VERSION
         return json.dumps(data, sort_keys=True)
 
@@ -121,6 +124,7 @@ class Plan:
             for lvl in data.pop("levels"))
         topology = tuple(tuple(level) for level in data.pop("topology"))
         peaks = tuple(data.pop("per_device_peak_bytes", ()))
+        data.setdefault("search_seconds", 0.0)
         return Plan(topology=topology, levels=levels, per_device_peak_bytes=peaks, **data)
 
     # -- summary ---------------------------------------------------------------------------
