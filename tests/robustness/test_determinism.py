@@ -11,7 +11,7 @@ SCRIPT = """
 import hashlib
 from tofu_tf.api import optimize
 from tofu_tf.models import build
-for model, devices in (("transformer", 6), ("wresnet", 4)):
+for model, devices in (("transformer", 6), ("mlp", 8)):
     step = build(model, optimizer="adam", graph_only=True, batch_size=8)
     for _ in range(2):
         out = optimize(step.graph_def, step.fetches, feeds=list(step.feeds),
