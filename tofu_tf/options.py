@@ -67,6 +67,9 @@ class Options:
     # limit. The search then returns the least-communication plan it finds that fits, or
     # raises PlanInfeasibleError with the smallest peak it reached.
     memory_budget_bytes: int | None = None
+    # Seconds the search may take (all its searches, for a budget); past it, the search
+    # stops at the next level boundary with a PlanInfeasibleError. None: no limit.
+    search_time_limit_s: float | None = None
     # Raise UnsupportedOpError for an op type without a description, instead of keeping
     # its ops whole (run on whole inputs on every device; listed in a KeptWholeWarning).
     strict: bool = False

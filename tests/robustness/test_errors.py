@@ -193,3 +193,11 @@ def test_control_dependencies_keep_their_order():
     got = _partitioned(graph_def, fetches, feeds, values={"v": np.zeros((8, 4), np.float32)},
                        num_devices=4)
     np.testing.assert_array_equal(got[0], np.full((8, 4), 3.0, np.float32))
+
+
+def test_a_search_past_its_time_limit_stops_with_the_fix():
+    step = build("transformer", optimizer="adam", graph_only=True, batch_size=8)
+    with pytest.raises(PlanInfeasibleError, match="time limit of 1e-06 s") as caught:
+        optimize(step.graph_def, step.fetches, feeds=list(step.feeds), num_devices=8,
+                 options=tofu_tf.Options(search_time_limit_s=1e-6))
+    assert "search_time_limit_s" in str(caught.value)

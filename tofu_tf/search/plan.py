@@ -22,7 +22,7 @@ from tofu_tf.graph import Graph
 from tofu_tf.options import Options
 from tofu_tf.search.memory import single_device_peak
 from tofu_tf.search.problem import SearchCache
-from tofu_tf.search.recursive import SearchResult, search
+from tofu_tf.search.recursive import SearchResult, deadline_of, search
 from tofu_tf.search.topology import Level, Topology
 
 FORMAT_VERSION = 1
@@ -207,10 +207,12 @@ def search_within_budget(graph: Graph, topology: Topology, options: Options) -> 
     log scale) down to the smallest that still fits."""
     budget = options.memory_budget_bytes
     cache = SearchCache()
+    deadline = deadline_of(options)
     tried: list[SearchResult] = []
 
     def run(weight: float) -> SearchResult:
-        result = search(graph, topology, options=options, memory_weight=weight, cache=cache)
+        result = search(graph, topology, options=options, memory_weight=weight, cache=cache,
+                        deadline=deadline)
         logging.info("memory weight %g: peak %s per device (budget %s), %s moved", weight,
                      human_bytes(result.memory.peak_bytes), human_bytes(budget),
                      human_bytes(result.total_bytes))

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from absl import logging
 
 from tofu_tf._gc import paused_gc
+from tofu_tf.errors import PlanInfeasibleError
 from tofu_tf.graph import Graph
 from tofu_tf.op_semantics.analysis import REPLICATED
 from tofu_tf.op_semantics.catalog import OpEntry, catalog
@@ -112,22 +113,41 @@ def level_models(graph: Graph, topology: Topology, entries: dict[str, OpEntry] |
                                   topology.levels[index + 1].ways)
 
 
+def deadline_of(options: Options) -> float | None:
+    """The perf_counter time a search starting now must stop by (None: no limit)."""
+    limit = options.search_time_limit_s
+    return None if limit is None else time.perf_counter() + limit
+
+
+def check_deadline(deadline: float | None, options: Options, where: str) -> None:
+    if deadline is not None and time.perf_counter() > deadline:
+        raise PlanInfeasibleError(
+            f"the search passed its time limit of {options.search_time_limit_s:g} s "
+            f"({where}).",
+            fix="raise Options(search_time_limit_s), plan fewer devices, or pass a stored "
+                "plan (optimize(plan=...)).")
+
+
 def search(graph: Graph, topology: Topology, *, solver=None,
            entries: dict[str, OpEntry] | None = None, options: Options = Options(),
-           memory_weight: float = 0.0, cache: SearchCache | None = None) -> SearchResult:
+           memory_weight: float = 0.0, cache: SearchCache | None = None,
+           deadline: float | None = None) -> SearchResult:
     """Solve every level with `solver(LevelModel) -> LevelResult` (default: exact DP,
     minimising bytes moved plus `memory_weight` x bytes stored per device).
 
     With `options.variable_storage` AUTO the recursion runs under both storage policies
     for variables and the cheaper total wins: the recursion fixes each level before the
     next, and which policy makes the inner levels cheaper depends on the model. `cache`:
-    work to share with other searches of the same graph."""
+    work to share with other searches of the same graph. `deadline` (perf_counter
+    seconds; default: now + options.search_time_limit_s) is checked at every level."""
     with paused_gc():
         return _search(graph, topology, solver, entries, options, memory_weight,
-                       cache or SearchCache())
+                       cache or SearchCache(),
+                       deadline if deadline is not None else deadline_of(options))
 
 
-def _search(graph, topology, solver, entries, options, memory_weight, cache) -> SearchResult:
+def _search(graph, topology, solver, entries, options, memory_weight, cache,
+            deadline) -> SearchResult:
     start = time.perf_counter()
     solver = solver or functools.partial(solve_level, max_table=options.max_dp_table,
                                          beam=options.dp_beam, memory_weight=memory_weight)
@@ -142,7 +162,7 @@ def _search(graph, topology, solver, entries, options, memory_weight, cache) -> 
                 not results[0].replicates_variables:
             break      # the replicable optimum is feasible and optimal for this policy too
         results.append(_recurse(graph, topology, entries, coarse, options, policy, solver,
-                                cache))
+                                cache, deadline))
     objective = options.objective
     if memory_weight:          # memory decides too: estimate every candidate
         results = [r.with_memory(graph) for r in results]
@@ -153,12 +173,14 @@ def _search(graph, topology, solver, entries, options, memory_weight, cache) -> 
 
 
 def _recurse(graph, topology, entries, coarse, options, policy, solver,
-             cache: SearchCache) -> SearchResult:
+             cache: SearchCache, deadline: float | None = None) -> SearchResult:
     start = time.perf_counter()
     results, replicates = [], False
     models = level_models(graph, topology, entries, coarse, options, policy, cache)
     model = next(models)
     while True:
+        check_deadline(deadline, options, f"before level {len(results) + 1} of "
+                                          f"{len(topology.levels)}, {policy.value} variables")
         results.append(solver(model))
         logging.log(logging.INFO if len(graph) >= LARGE_GRAPH_OPS else logging.DEBUG,
                     "level %d/%d (%d-way, %s variables): %d groups, %.0f bytes per group, "
