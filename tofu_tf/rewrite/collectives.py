@@ -20,15 +20,16 @@ sums run in a fixed member order, so replicas hold bit-identical values.
 
 from __future__ import annotations
 
-import tensorflow as tf
+from tensorflow.core.framework import types_pb2
 
 from tofu_tf.errors import RewriteError
 from tofu_tf.op_semantics.analysis import part_range
+from tofu_tf.rewrite.nodedefs import Ref, str_attr, type_attr
 from tofu_tf.rewrite.partition import Box, parse_state
 from tofu_tf.search.cost import box_volume
 
 
-def reduce_all(em, t: str, op: str) -> dict[int, dict[Box, tf.Tensor]]:
+def reduce_all(em, t: str, op: str) -> dict[int, dict[Box, Ref]]:
     """Per device: {target box: reduced tensor} that the device holds after reducing."""
     levels, reducer = em.partial[t]
     levels = tuple(sorted(levels))
@@ -36,21 +37,20 @@ def reduce_all(em, t: str, op: str) -> dict[int, dict[Box, tf.Tensor]]:
     if em.use_v2 and reducer in V2_MERGE and all(states[level].kind == "replicated"
                                                  for level in levels):
         return _all_reduce_v2(em, t, op, levels, reducer)
-    held: dict[int, dict[Box, tf.Tensor]] = {}
+    held: dict[int, dict[Box, Ref]] = {}
     targets: dict[int, Box | None] = {}
     for d in range(em.n):
         produced = em.produced[t][d].box
         targets[d] = _target(produced, levels, states, em.parts.coordinates(d), em.parts.ways)
     # Every device starts with its (scaled) partial result of D, cut into the targets
     # of its group: pieces are keyed by the target's owner.
-    pieces: dict[int, dict[int, tf.Tensor]] = {}
+    pieces: dict[int, dict[int, Ref]] = {}
     for d in range(em.n):
         group = em.parts.group(d, levels)
-        with em._device(d):
-            pieces[d] = {e: em._cut(em.produced[t][d], targets[e], d) for e in group
-                         if targets[e] is not None}
+        pieces[d] = {e: em._cut(em.produced[t][d], targets[e], d) for e in group
+                     if targets[e] is not None}
     for level in reversed(levels):                         # reduce-scatter, inner first
-        new: dict[int, dict[int, tf.Tensor]] = {}
+        new: dict[int, dict[int, Ref]] = {}
         for d in range(em.n):
             members = em.parts.group(d, (level,))
             mine = {e for e in pieces[d] if em.parts.coordinates(e)[level]
@@ -61,8 +61,7 @@ def reduce_all(em, t: str, op: str) -> dict[int, dict[Box, tf.Tensor]]:
                 for m in members:
                     terms.append(pieces[m][e])
                     em.send("reduce", t, op, pieces[m][e], m, d, targets[e])
-                with em._device(d):
-                    new[d][e] = _combine(em, t, terms, reducer)
+                new[d][e] = _combine(em, t, terms, reducer, d)
         pieces = new
     for level in levels:                                   # all-gather where replicated
         if states[level].kind != "replicated":
@@ -96,19 +95,27 @@ def _all_reduce_v2(em, t: str, op: str, levels, reducer: str) -> dict[int, dict]
         key = em.collective_keys(group)
         for m in group:
             value = em.produced[t][m]
-            with em._device(m):
-                reduced = tf.raw_ops.CollectiveReduceV2(
-                    input=value.tensor, group_size=len(group), group_key=key[0],
-                    instance_key=key[1], ordering_token=[], merge_op=V2_MERGE[reducer],
-                    final_op="Id", communication_hint=em.communication_hint,
-                    name=em._name(t.replace(":", "_") + "/all_reduce"))
-            em.collective_ops.append(reduced.op)
+            reduced = _collective_reduce(em, value.tensor, len(group), key, reducer, m,
+                                         em._name(t.replace(":", "_") + "/all_reduce"))
+            em.collective_ops.append(reduced.node)
             size = len(group)
             em.ledger.add("reduce", t, op, group[(group.index(m) - 1) % size], m,
                           2 * (size - 1) * box_volume(value.box) * em.itemsize(t) // size,
                           collective=True)
             held[m] = {value.box: reduced}
     return held
+
+
+def _collective_reduce(em, tensor: Ref, size: int, key: tuple[int, int], reducer: str,
+                       d: int, name: str) -> Ref:
+    """A CollectiveReduceV2 member on device d (no ordering token: the graph runs in a
+    Session or wrap_function, not in a tf.function)."""
+    attrs = {"T": type_attr(tensor.dtype), "merge_op": str_attr(V2_MERGE[reducer]),
+             "final_op": str_attr("Id"), "communication_hint": str_attr(em.communication_hint)}
+    inputs = (tensor, *(em.out.const(v, types_pb2.DT_INT32, d, "collective")
+                        for v in (size, *key)))
+    return em.out.node("CollectiveReduceV2", name, d, inputs, attrs, [tensor.shape],
+                       [tensor.dtype])[0]
 
 
 def _target(box: Box, levels, states, coords, ways) -> Box | None:
@@ -131,17 +138,21 @@ def _target(box: Box, levels, states, coords, ways) -> Box | None:
     return tuple(box)
 
 
-def _combine(em, t: str, terms: list[tf.Tensor], reducer: str) -> tf.Tensor:
+COMBINE = {"max": "Maximum", "min": "Minimum", "prod": "Mul"}
+
+
+def _combine(em, t: str, terms: list[Ref], reducer: str, d: int) -> Ref:
+    """The terms combined on device d, in the given order."""
     if len(terms) == 1:
         return terms[0]
     name = em._name(t.replace(":", "_") + "/reduce")
     if reducer in ("sum", "mean"):
-        return tf.math.add_n(terms, name=name)
-    combine = {"max": tf.math.maximum, "min": tf.math.minimum, "prod": tf.math.multiply}
-    if reducer not in combine:
+        return em.out.add_n(terms, d, name)
+    if reducer not in COMBINE:
         raise RewriteError(f"no combiner for partial results reduced by '{reducer}'.",
                            node=t)
     result = terms[0]
     for term in terms[1:]:
-        result = combine[reducer](result, term)
-    return tf.identity(result, name=name)
+        result = em.out.binary(COMBINE[reducer], result, term, d,
+                               em._name(t.replace(":", "_") + "/" + COMBINE[reducer]))
+    return em.out.identity(result, d, name)

@@ -19,6 +19,8 @@ store:
   original name; a fetched op becomes a NoOp waiting for every device's piece.
 
 Every cross-device edge is recorded in the ledger. The input GraphDef is never mutated.
+Nodes are written straight into the GraphDef (`nodedefs.GraphBuilder`), with the local
+shapes the partition knows; a region that is a whole value is that value (no Slice).
 """
 
 from __future__ import annotations
@@ -31,15 +33,15 @@ from typing import Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.core.framework import attr_value_pb2, graph_pb2
+from tensorflow.core.framework import attr_value_pb2, graph_pb2, types_pb2
 
 from tofu_tf.errors import RewriteError
 from tofu_tf.graph import DTYPE_SIZES, Graph, split_tensor_name
 from tofu_tf.op_semantics.catalog import OpEntry
 from tofu_tf.options import Collectives
 from tofu_tf.rewrite import collectives
-from tofu_tf.rewrite.schedule import sequence_devices
 from tofu_tf.rewrite.ledger import Ledger
+from tofu_tf.rewrite.nodedefs import GraphBuilder, Ref, dtype_enum
 from tofu_tf.rewrite.partition import Box, DeviceOp, Partition, partition
 from tofu_tf.rewrite.tf_attrs import to_attr_value
 from tofu_tf.search.cost import box_volume
@@ -86,18 +88,14 @@ def emit(graph: Graph, graph_def: graph_pb2.GraphDef, entries: Mapping[str, OpEn
         raise RewriteError(f"{len(devices)} device names for a plan over "
                            f"{parts.num_devices} devices.",
                            fix="pass one device name per device of the plan.")
-    emitted = _Emitter(graph, graph_def, entries, parts, devices, feeds, plan,
-                       collectives_mode).run(expose)
-    if sequential:
-        emitted = dataclasses.replace(emitted, graph_def=sequence_devices(emitted.graph_def,
-                                                                        emitted.fetches))
-    return emitted
+    return _Emitter(graph, graph_def, entries, parts, devices, feeds, plan,
+                    collectives_mode).run(expose, sequential)
 
 
 @dataclass
 class _Value:
     """A tensor region held on a device in the emitted graph."""
-    tensor: tf.Tensor
+    tensor: Ref
     box: Box
 
 
@@ -113,67 +111,64 @@ class _Emitter:
         self.communication_hint = "nccl" if on_gpus else "auto"
         self._group_keys: dict[tuple[int, ...], int] = {}
         self._instances = itertools.count(1)
-        self.collective_ops: list[tf.Operation] = []
+        self.collective_ops: list[str] = []                      # their node names
         self.feeds = tuple(feeds)
         self.nodes = {node.name: node for node in graph_def.node}
-        self.out = tf.Graph()
+        self.out = GraphBuilder(devices)
         self.ledger = Ledger()
         self.n = parts.num_devices
+        self.coordinates = [parts.coordinates(d) for d in range(self.n)]
         self.produced: dict[str, list[_Value | None]] = {}      # tensor -> per device
         self.partial: dict[str, tuple] = {}                      # tensor -> (levels, reducer)
         self.stored: dict[tuple[str, int], _Value] = {}
-        self.handles: dict[tuple[str, int], tf.Tensor] = {}      # (variable tensor, device)
-        self.pieces: dict[str, list[tf.Operation]] = {}          # op -> its emitted ops
-        self.reads: dict[tuple[str, int], list[tf.Operation]] = {}
+        self.handles: dict[tuple[str, int], Ref] = {}            # (variable tensor, device)
+        self.pieces: dict[str, list[str]] = {}                   # op -> its emitted nodes
+        self.reads: dict[tuple[str, int], list[str]] = {}        # (variable, device) -> reads
         self.shards: dict[str, tuple[Shard, ...]] = {}
-        self.names = itertools.count()
         self.variable_of = {v.handle: v for v in graph.variables.values()}
         self.sent: set[tuple[str, int]] = set()          # (tensor in the graph, device)
         self.fed: dict[str, _Value] = {}                  # placeholder tensor -> whole feed
-        self._int_consts: dict[tuple, tf.Tensor] = {}      # (device, values) -> Const
 
     # -- driver ----------------------------------------------------------------------------
-    def run(self, expose: Sequence[str] = ()) -> Emitted:
-        with self.out.as_default():
-            for op in self.graph:
-                if op.name in self.parts.ops:
-                    self._emit_op(op)
-                else:
-                    raise RewriteError("the op has no description to partition.",
-                                       node=op.name, op_type=op.type)
-            # Every collective's members must run, or the others wait forever: the fetches
-            # wait for all of them (a member whose result nobody reads included).
-            with tf.control_dependencies(self.collective_ops):
-                fetches = [self._emit_fetch(f) for f in self.graph.fetches]
-                for t in expose:
-                    self._emit_fetch(t, "tofu_expose/" + t.replace(":", "_"))
-        return Emitted(self.out.as_graph_def(add_shapes=True), self.parts, self.ledger,
-                       self.shards, self.devices, tuple(fetches), self.feeds)
+    def run(self, expose: Sequence[str] = (), sequential: bool = True) -> Emitted:
+        for op in self.graph:
+            if op.name in self.parts.ops:
+                self._emit_op(op)
+            else:
+                raise RewriteError("the op has no description to partition.",
+                                   node=op.name, op_type=op.type)
+        # Every collective's members must run, or the others wait forever: the fetches
+        # wait for all of them (a member whose result nobody reads included).
+        fetches = [self._emit_fetch(f) for f in self.graph.fetches]
+        for t in expose:
+            self._emit_fetch(t, "tofu_expose/" + t.replace(":", "_"))
+        if sequential:
+            self.out.chain_devices(fetches)
+        return Emitted(self.out.graph_def, self.parts, self.ledger, self.shards, self.devices,
+                       tuple(fetches), self.feeds)
 
     def _name(self, base: str) -> str:
-        return f"{base}/tofu_{next(self.names)}"
+        return self.out.name(base)
 
-    def _device(self, d: int):
-        return tf.device(self.devices[d])
+    def _dtype(self, t: str) -> int:
+        return dtype_enum(self.graph.tensors[t].dtype)
 
     # -- ops -------------------------------------------------------------------------------
     def _emit_op(self, op) -> None:
         pieces = self.parts.ops[op.name]
         node = self.nodes[op.name]
-        emitted = []
-        for piece in pieces:
-            with self._device(piece.device):
-                emitted.append(self._emit_piece(op, node, piece))
+        emitted = [self._emit_piece(op, node, piece) for piece in pieces]
         self.pieces[op.name] = [e for e in emitted if e is not None]
         for o, t in enumerate(op.outputs):
             out = pieces[0].outputs[o]
             if out.partial_levels:
                 self.partial[t] = (out.partial_levels, out.reducer)
 
-    def _controls(self, op) -> list[tf.Operation]:
+    def _controls(self, op) -> list[str]:
         return [c for name in op.control_inputs for c in self.pieces.get(name, ())]
 
-    def _emit_piece(self, op, node, piece: DeviceOp) -> tf.Operation | None:
+    def _emit_piece(self, op, node, piece: DeviceOp) -> str | None:
+        """The device's local op (its node name; None when it emits no op of its own)."""
         d = piece.device
         if op.type == "Placeholder":
             return self._emit_feed(op, node, piece)
@@ -185,38 +180,45 @@ class _Emitter:
             for o, t in enumerate(op.outputs):        # an empty part computes nothing
                 box = piece.outputs[o].box
                 self.produced.setdefault(t, [None] * self.n)[d] = _Value(
-                    tf.zeros([b - a for a, b in box], self.graph.tensors[t].dtype,
-                             name=self._name(op.name + "/empty")), box)
+                    self._zeros(box, t, d, op.name + "/empty"), box)
             return None
         if op.type == "ReadVariableOp" and not self._own_shard(op.inputs[0], piece, 0):
             value = self._resource_value(op.inputs[0], piece.inputs[0].data, d, op.name,
                                          self._controls(op))
             self.produced.setdefault(op.outputs[0], [None] * self.n)[d] = _Value(
                 value, piece.outputs[0].box)
-            return value.op
+            return value.node
         sem = self.entries[op.name].semantics
         if sem.updates:
             piece = self._own_update(op, sem, piece)
             if piece is None:
                 return None                   # the device stores none of the variable
-        inputs = []
-        for i, t in enumerate(op.inputs):
-            inputs.append(self._input(op, piece, i, t))
-        attrs = _local_attrs(op, node, piece.attrs)
-        with tf.control_dependencies(self._controls(op) + self._update_controls(op, piece)):
-            created = self.out._create_op_internal(piece.op_type, inputs, name=self._name(op.name),
-                                                   attrs=attrs)
+        inputs = [self._input(op, piece, i, t) for i, t in enumerate(op.inputs)]
+        name = self._name(op.name)
+        results = self.out.node(piece.op_type, name, d, inputs,
+                                _local_attrs(op, node, piece.attrs),
+                                self._kernel_shapes(op, piece),
+                                [self._dtype(t) for t in op.outputs],
+                                self._controls(op) + self._update_controls(op, piece))
         if op.type == "ReadVariableOp":
-            self.reads.setdefault((op.inputs[0], d), []).append(created)
+            self.reads.setdefault((op.inputs[0], d), []).append(name)
         for o, t in enumerate(op.outputs):
-            result = created.outputs[o]
             out = piece.outputs[o]
-            result = self._crop(result, out.crop, piece.device)
+            result = self._crop(results[o], out.crop, d)
             if out.scale != 1.0:
-                result = tf.math.multiply(result, tf.constant(out.scale, result.dtype),
-                                          name=self._name(op.name + "/scale"))
+                scale = self.out.const(out.scale, result.dtype, d, "scale")
+                result = self.out.binary("Mul", result, scale, d,
+                                         self._name(op.name + "/scale"))
             self.produced.setdefault(t, [None] * self.n)[d] = _Value(result, out.box)
-        return created
+        return name
+
+    def _kernel_shapes(self, op, piece: DeviceOp) -> tuple[tuple[int, ...], ...]:
+        if piece.result_shapes is None and op.outputs:
+            raise RewriteError(f"the shapes of the local kernel's results on device "
+                               f"{piece.device} are unknown.", node=op.name, op_type=op.type,
+                               fix="a local op that crops its result needs TensorFlow's "
+                                   "shape inference to succeed on it.")
+        return piece.result_shapes or ()
 
     def _own_update(self, op, sem, piece: DeviceOp) -> DeviceOp | None:
         """The update narrowed to the shard the device stores: a part that computes more
@@ -248,7 +250,7 @@ class _Emitter:
             outputs[n_real + u] = dataclasses.replace(outputs[n_real + u], box=own)
         return dataclasses.replace(piece, inputs=tuple(inputs), outputs=tuple(outputs))
 
-    def _update_controls(self, op, piece: DeviceOp) -> list[tf.Operation]:
+    def _update_controls(self, op, piece: DeviceOp) -> list[str]:
         """An in-place update waits for every read of the shard it writes."""
         sem = self.entries[op.name].semantics
         controls = []
@@ -256,14 +258,14 @@ class _Emitter:
             controls += self.reads.get((op.inputs[c.alias], piece.device), [])
         return controls
 
-    def _crop(self, tensor: tf.Tensor, crop: Box, d: int) -> tf.Tensor:
-        shape = tensor.shape.as_list()
+    def _crop(self, tensor: Ref, crop: Box, d: int) -> Ref:
+        shape = tensor.shape
         if all(a == 0 and b == n for (a, b), n in zip(crop, shape)) and len(crop) == len(shape):
             return tensor
-        return self._slice(tensor, crop, "crop", d)
+        return self.out.slice(tensor, crop, d, self._name("crop"))
 
     # -- inputs ----------------------------------------------------------------------------
-    def _input(self, op, piece: DeviceOp, i: int, t: str) -> tf.Tensor:
+    def _input(self, op, piece: DeviceOp, i: int, t: str) -> Ref:
         d = piece.device
         spec = self.graph.tensors[t]
         if t in self.variable_of:
@@ -274,24 +276,24 @@ class _Emitter:
                     op_type=op.type, fix="the plan must update a variable where it is stored.")
             return self.handles[(t, d)]
         if i in piece.const_inputs:
-            value = np.asarray(piece.const_inputs[i], dtype=spec.dtype)
-            return tf.constant(value, name=self._name(op.name + "/const"))
+            return self.out.const(piece.const_inputs[i], self._dtype(t), d, op.name + "/const")
         read = piece.inputs[i]
         if read is None:
             if t in self.graph.constants:
-                return tf.constant(self.graph.constants[t], name=self._name(op.name + "/c"))
+                return self.out.const(self.graph.constants[t], self._dtype(t), d,
+                                      op.name + "/c")
             full = tuple((0, n) for n in spec.shape)
             return self._read(t, full, d, op.name)
         value = self._read(t, read.data, d, op.name) if _nonempty(read.data) else None
         if any(p0 or p1 for p0, p1 in read.pads):
             fill = read.fill if read.fill is not None else 0
             if value is None:
-                return tf.fill(read.shape, tf.constant(fill, spec.dtype),
-                               name=self._name(op.name + "/fill"))
-            return tf.pad(value, [list(p) for p in read.pads], constant_values=fill,
-                          name=self._name(op.name + "/pad"))
+                return self.out.fill(read.shape, fill, self._dtype(t), d,
+                                     self._name(op.name + "/fill"))
+            return self.out.pad(value, read.pads, fill, d, self._name(op.name + "/pad"))
         if value is None:
-            return tf.zeros(read.shape, spec.dtype, name=self._name(op.name + "/empty"))
+            return self.out.fill(read.shape, 0, self._dtype(t), d,
+                                 self._name(op.name + "/empty"))
         return value
 
     def _own_shard(self, t: str, piece: DeviceOp, i: int) -> bool:
@@ -300,13 +302,11 @@ class _Emitter:
         return read is not None and read.data == own and not any(
             p0 or p1 for p0, p1 in read.pads)
 
-    def _read(self, t: str, box: Box, d: int, op: str) -> tf.Tensor:
+    def _read(self, t: str, box: Box, d: int, op: str) -> Ref:
         """The region `box` of tensor t on device d, from the devices storing it (only
         d's own stored box is materialised when it holds the region)."""
         if _contains(self.parts.stored[t][d], box):
-            own = self._stored(t, d, op)
-            with self._device(d):
-                return self._cut(own, box, d)
+            return self._cut(self._stored(t, d, op), box, d)
         sources = [self._stored(t, e, op) for e in range(self.n)]
         return self._assemble(t, box, d, sources, "fetch", op)
 
@@ -315,43 +315,40 @@ class _Emitter:
         key = (t, d)
         if key not in self.stored:
             box = self.parts.stored[t][d]
-            with self._device(d):
-                if t in self.partial:
-                    value = self._reduced(t, d, box, op)
-                else:
-                    value = self._assemble(t, box, d, self.produced[t], "convert", op)
+            if t in self.partial:
+                value = self._reduced(t, d, box, op)
+            else:
+                value = self._assemble(t, box, d, self.produced[t], "convert", op)
             self.stored[key] = _Value(value, box)
         return self.stored[key]
 
     def _assemble(self, t: str, box: Box, d: int, sources: Sequence[_Value | None],
-                  kind: str, op: str) -> tf.Tensor:
+                  kind: str, op: str) -> Ref:
         """`box` of t on device d, cut from the sources (per device) that hold it."""
         return self._assemble_pieces(t, box, d, [(e, s) for e, s in enumerate(sources)
                                                  if s is not None], kind, op)
 
     def _assemble_pieces(self, t: str, box: Box, d: int, pieces, kind: str,
-                         op: str) -> tf.Tensor:
+                         op: str) -> Ref:
         """`box` of t on device d from [(device, value)] pieces: d's own where it holds
         the region, else the nearest holder's."""
-        with self._device(d):
-            for e, value in pieces:
-                if e == d and _contains(value.box, box):
-                    return self._cut(value, box, d)
+        for e, value in pieces:
+            if e == d and _contains(value.box, box):
+                return self._cut(value, box, d)
 
-        def cell_value(cell: Box) -> tf.Tensor:
+        def cell_value(cell: Box) -> Ref:
             found = self._source(cell, d, pieces)
             if found is None:
                 raise RewriteError(f"no device holds region {cell} of tensor '{t}'.",
                                    node=op, fix="the plan's states do not cover the tensor.")
             src, value = found
-            with self._device(src):
-                piece = self._cut(value, cell, src)
+            piece = self._cut(value, cell, src)
             self.send(kind, t, op, piece, src, d, cell)
             return piece
 
         return self.tile(t, box, d, [value.box for _, value in pieces], cell_value)
 
-    def send(self, kind: str, t: str, op: str, piece: tf.Tensor, src: int, dst: int,
+    def send(self, kind: str, t: str, op: str, piece: Ref, src: int, dst: int,
              box: Box) -> None:
         """Record `piece` (of t, region `box`) going from src to dst."""
         shared = (piece.name, dst) in self.sent
@@ -359,25 +356,23 @@ class _Emitter:
         self.ledger.add(kind, t, op, src, dst, _bytes(box, self.graph.tensors[t].dtype),
                         shared)
 
-    def tile(self, t: str, box: Box, d: int, boxes: Sequence[Box], cell_value) -> tf.Tensor:
+    def tile(self, t: str, box: Box, d: int, boxes: Sequence[Box], cell_value) -> Ref:
         """`box` on device d from cells: the grid that the edges of `boxes` cut it into;
         `cell_value(cell)` gives each cell's tensor, concatenated here on device d."""
         if not _nonempty(box):
-            with self._device(d):
-                return tf.zeros([b - a for a, b in box], self.graph.tensors[t].dtype,
-                                name=self._name("empty"))
+            return self._zeros(box, t, d, "empty")
         cuts = [sorted({lo, hi} | {x for b in boxes for x in b[k] if lo < x < hi})
                 for k, (lo, hi) in enumerate(box)]
         cells = [list(zip(c[:-1], c[1:])) for c in cuts]
 
-        def build(axis: int, prefix: list) -> tf.Tensor:
+        def build(axis: int, prefix: list) -> Ref:
             if axis == len(box):
                 return cell_value(tuple(prefix))
             parts = [build(axis + 1, prefix + [c]) for c in cells[axis]]
             if len(parts) == 1:
                 return parts[0]
-            with self._device(d):
-                return tf.concat(parts, axis, name=self._name(t.replace(":", "_") + "/concat"))
+            return self.out.concat(parts, axis, d,
+                                   self._name(t.replace(":", "_") + "/concat"))
 
         return build(0, [])
 
@@ -387,34 +382,23 @@ class _Emitter:
         holders = [(e, v) for e, v in pieces if _contains(v.box, cell)]
         if not holders:
             return None
-        mine = self.parts.coordinates(d)
-        return max(holders, key=lambda ev: (ev[0] == d,
-                                            _prefix(self.parts.coordinates(ev[0]), mine),
+        mine = self.coordinates[d]
+        return max(holders, key=lambda ev: (ev[0] == d, _prefix(self.coordinates[ev[0]], mine),
                                             -ev[0]))
 
-    def _cut(self, value: _Value, box: Box, d: int) -> tf.Tensor:
+    def _cut(self, value: _Value, box: Box, d: int) -> Ref:
         """`box` (tensor coords) of a value, sliced on device d."""
         if value.box == box:
             return value.tensor
         local = tuple((a - va, b - va) for (a, b), (va, _) in zip(box, value.box))
-        return self._slice(value.tensor, local, "slice", d)
+        return self.out.slice(value.tensor, local, d, self._name("slice"))
 
-    def _slice(self, tensor: tf.Tensor, box: Box, base: str, d: int) -> tf.Tensor:
-        with self._device(d):
-            return tf.slice(tensor, self._ints(d, tuple(a for a, _ in box)),
-                            self._ints(d, tuple(b - a for a, b in box)), name=self._name(base))
-
-    def _ints(self, d: int, values: tuple[int, ...]) -> tf.Tensor:
-        """An int32 vector constant on device d, one per value (slices share them); made
-        outside any control-dependency scope so that sharing it adds no ordering."""
-        key = (d, values)
-        if key not in self._int_consts:
-            with tf.control_dependencies(None), self._device(d):
-                self._int_consts[key] = tf.constant(values, tf.int32, name=self._name("ints"))
-        return self._int_consts[key]
+    def _zeros(self, box: Box, t: str, d: int, base: str) -> Ref:
+        return self.out.fill(tuple(b - a for a, b in box), 0, self._dtype(t), d,
+                             self._name(base))
 
     # -- partial results -------------------------------------------------------------------
-    def _reduced(self, t: str, d: int, box: Box, op: str) -> tf.Tensor:
+    def _reduced(self, t: str, d: int, box: Box, op: str) -> Ref:
         """The stored box of a partial result, from the reduced pieces (collectives)."""
         if t not in self.reduced:
             self.reduced[t] = collectives.reduce_all(self, t, op)
@@ -438,19 +422,18 @@ class _Emitter:
         """The fed placeholder keeps its name on device 0; each device gets its share."""
         t = op.outputs[0]
         if t not in self.fed:
-            with self._device(0):
-                attrs = {k: v for k, v in node.attr.items() if not k.startswith("_")}
-                whole = self.out._create_op_internal("Placeholder", [], name=op.name,
-                                                     attrs=attrs)
+            attrs = {k: v for k, v in node.attr.items() if not k.startswith("_")}
+            shape = self.graph.tensors[t].shape
+            whole = self.out.node("Placeholder", op.name, 0, (), attrs, [shape],
+                                  [self._dtype(t)])[0]
             self.produced[t] = [None] * self.n
-            self.fed[t] = _Value(whole.outputs[0],
-                                 tuple((0, n) for n in self.graph.tensors[t].shape))
+            self.fed[t] = _Value(whole, tuple((0, n) for n in shape))
         out = piece.outputs[0]
-        with self._device(0):
-            value = self._cut(self.fed[t], out.box, 0)
+        value = self._cut(self.fed[t], out.box, 0)
         self.send("feed", t, op.name, value, 0, piece.device, out.box)
-        self.produced[t][piece.device] = _Value(tf.identity(value, name=self._name(op.name))
-                                                if piece.device else value, out.box)
+        if piece.device:
+            value = self.out.identity(value, piece.device, self._name(op.name))
+        self.produced[t][piece.device] = _Value(value, out.box)
         return None
 
     def _emit_const(self, op, node, piece: DeviceOp):
@@ -459,12 +442,11 @@ class _Emitter:
         value = tf.make_ndarray(node.attr["value"].tensor)
         if value.shape != self.graph.tensors[op.outputs[0]].shape:       # a splat constant
             value = np.broadcast_to(value, self.graph.tensors[op.outputs[0]].shape)
-        local = np.array(value[tuple(slice(a, b) for a, b in box)])
-        created = tf.constant(local, dtype=tf.as_dtype(node.attr["dtype"].type),
-                              name=self._name(op.name))
+        local = value[tuple(slice(a, b) for a, b in box)]
+        created = self.out.const(local, node.attr["dtype"].type, piece.device, op.name)
         self.produced.setdefault(op.outputs[0], [None] * self.n)[piece.device] = _Value(
             created, box)
-        return created.op
+        return created.node
 
     def _emit_handle(self, op, node, piece: DeviceOp):
         t = op.outputs[0]
@@ -477,24 +459,27 @@ class _Emitter:
             shape=tf.TensorShape([b - a for a, b in box]).as_proto())
         attrs["shared_name"] = attr_value_pb2.AttrValue(
             s=f"{shared or op.name}/tofu_part_{d}".encode())
-        created = self.out._create_op_internal("VarHandleOp", [], name=name, attrs=attrs)
-        self.handles[(t, d)] = created.outputs[0]
-        self.shards[op.name] = self.shards.get(op.name, ()) + (Shard(d, box, created.name),)
-        return created
+        handle = self.out.node("VarHandleOp", name, d, (), attrs, [()],
+                               [types_pb2.DT_RESOURCE])[0]
+        self.handles[(t, d)] = handle
+        self.shards[op.name] = self.shards.get(op.name, ()) + (Shard(d, box, name),)
+        return name
 
-    def _resource_value(self, t: str, box: Box, d: int, op: str, controls) -> tf.Tensor:
+    def _resource_value(self, t: str, box: Box, d: int, op: str, controls) -> Ref:
         """The variable's values in `box`, read from the shards that hold them — after
         the read's own control inputs (a read that follows an update sees its result)."""
         sources = []
         for e in range(self.n):
             key = ("value", op, t, e)
             if key not in self.stored:
-                with self._device(e), tf.control_dependencies(controls):
-                    read = tf.raw_ops.ReadVariableOp(
-                        resource=self.handles[(t, e)],
-                        dtype=tf.as_dtype(self.variable_of[t].dtype), name=self._name("read"))
-                self.reads.setdefault((t, e), []).append(read.op)
-                self.stored[key] = _Value(read, self.parts.stored[t][e])
+                box_e = self.parts.stored[t][e]
+                dtype = dtype_enum(self.variable_of[t].dtype)
+                read = self.out.node("ReadVariableOp", self._name("read"), e,
+                                     (self.handles[(t, e)],),
+                                     {"dtype": attr_value_pb2.AttrValue(type=dtype)},
+                                     [tuple(b - a for a, b in box_e)], [dtype], controls)[0]
+                self.reads.setdefault((t, e), []).append(read.node)
+                self.stored[key] = _Value(read, box_e)
             sources.append(self.stored[key])
         return self._assemble(t, box, d, sources, "fetch", op)
 
@@ -502,16 +487,16 @@ class _Emitter:
     def _emit_fetch(self, fetch: str, rename: str | None = None) -> str:
         name, index = split_tensor_name(fetch) if ":" in fetch else (fetch, None)
         if index is None:
-            with self._device(0), tf.control_dependencies(self.pieces.get(name, [])):
-                tf.raw_ops.NoOp(name=name)
+            self.out.node("NoOp", name, 0, (), {}, [], [],
+                          self.pieces.get(name, []) + self.collective_ops)
             return name
         spec = self.graph.tensors[fetch]
         full = tuple((0, n) for n in spec.shape)
         sources = [self._stored(fetch, e, name) for e in range(self.n)]
-        with self._device(0):
-            value = self._assemble(fetch, full, 0, sources, "result", name)
-            out = tf.identity(value, name=rename or (name if index == 0 else f"{name}_{index}"))
-        return out.name
+        value = self._assemble(fetch, full, 0, sources, "result", name)
+        out = self.out.identity(value, 0, rename or (name if index == 0 else f"{name}_{index}"),
+                                self.collective_ops)
+        return out.node + ":0"
 
 
 def _result_shapes(graph: Graph, nodes, handles, op_name: str, local, in_shapes):
@@ -544,6 +529,9 @@ def _result_shapes(graph: Graph, nodes, handles, op_name: str, local, in_shapes)
     return shapes + [tuple(b - a for a, b in share) for share in local.output_slices[len(shapes):]]
 
 
+_PLAIN = frozenset({int, float, bool, str, bytes})      # attr values compared with ==
+
+
 def _local_attrs(op, node, local_attrs) -> dict:
     """The node's AttrValues with the local op's changed attrs applied."""
     attrs = {key: value for key, value in node.attr.items() if not key.startswith("_")}
@@ -555,7 +543,10 @@ def _local_attrs(op, node, local_attrs) -> dict:
 
 
 def _contains(outer: Box, inner: Box) -> bool:
-    return all(a <= c and d <= b for (a, b), (c, d) in zip(outer, inner))
+    for (a, b), (c, d) in zip(outer, inner):
+        if c < a or d > b:
+            return False
+    return True
 
 
 def _nonempty(box: Box) -> bool:
@@ -576,6 +567,8 @@ def _bytes(box: Box, dtype: str) -> int:
 
 
 def _equal(a, b) -> bool:
+    if type(a) is type(b) and type(a) in _PLAIN:
+        return a == b
     try:
         return bool(np.array_equal(np.asarray(a, dtype=object), np.asarray(b, dtype=object)))
     except Exception:   # noqa: BLE001 — incomparable values differ

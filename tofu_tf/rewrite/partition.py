@@ -18,6 +18,11 @@ shapes (the caller's shape inference); the crop stays in the window. Without the
 descent ends there: the device runs that level's local op, a superset of the deeper levels'
 share, which is always sound. So does a level whose local op cannot be described, or whose
 part has no strategy with the plan's label (an uneven part too small for it).
+
+Ops with equal signatures (the catalog's id: type, attrs, shapes, dtypes, constants) and
+equal choices at every level have equal device ops up to their name: each such class is
+localized once (a ResNet repeats its blocks, an unrolled RNN its steps), and the kernel's
+result shapes are asked once per distinct local op of the class.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from tofu_tf.op_semantics.analysis import OutputState, Strategy, part_range
 from tofu_tf.op_semantics.catalog import OpEntry
 from tofu_tf.op_semantics.localize import LocalOp, localize
 from tofu_tf.op_semantics.memo import SemanticsMemo
-from tofu_tf.op_semantics.registry import Semantics
+from tofu_tf.op_semantics.registry import NAMING_ATTRS, Semantics, freeze
 from tofu_tf.search.cost import Box        # half-open [start, stop) per dim, global coords
 from tofu_tf.search.plan import Plan
 from tofu_tf.search.problem import opaque_local
@@ -75,6 +80,8 @@ class DeviceOp:
     inputs: tuple[InputPiece | None, ...]    # per input; None: meta or unused
     outputs: tuple[OutputPiece, ...]         # real outputs, then updates (sem order)
     depth: int                               # levels applied (< levels: ran a superset)
+    result_shapes: tuple[tuple[int, ...], ...] | None = None   # the kernel's real outputs'
+    #                                          shapes, before the crop (None: unknown)
 
 
 @dataclass(frozen=True)
@@ -136,17 +143,53 @@ def partition(graph: Graph, entries: Mapping[str, OpEntry], plan: Plan,
         stored[name] = tuple(stored_box(tensor.shape, states, ways, c) for c in coords)
     memo = SemanticsMemo()
     ops = {}
+    alike: dict[tuple, tuple[DeviceOp, ...]] = {}       # class of equal ops -> device ops
     for op in graph:
         entry = entries[op.name]
         if entry.semantics is None:
             continue
-        labels = [level.choices.get(op.name, REPLICATE) for level in plan.levels]
+        labels = tuple(level.choices.get(op.name, REPLICATE) for level in plan.levels)
+        key = _class_key(op, entry, labels)
+        if key is not None and key in alike:
+            ops[op.name] = tuple(_renamed(piece, op.name) for piece in alike[key])
+            continue
         dtypes = ([graph.tensors[t].dtype for t in op.inputs],
                   [graph.tensors[t].dtype for t in op.outputs])
+        shapes, steps = _asked_once(result_shapes), {}
         ops[op.name] = tuple(
             device_op(entry.semantics, entry.strategies, labels, ways, coords[d], d, memo,
-                      dtypes, result_shapes) for d in range(n))
+                      dtypes, shapes, steps) for d in range(n))
+        if key is not None:
+            alike[key] = ops[op.name]
     return Partition(ways, stored, ops)
+
+
+def _renamed(piece: DeviceOp, name: str) -> DeviceOp:
+    return DeviceOp(name, piece.device, piece.op_type, piece.attrs, piece.const_inputs,
+                    piece.inputs, piece.outputs, piece.depth, piece.result_shapes)
+
+
+def _asked_once(result_shapes: ResultShapes | None) -> ResultShapes | None:
+    """`result_shapes` for the ops of one class, asked once per distinct local op."""
+    if result_shapes is None:
+        return None
+    answers: dict[tuple, list | None] = {}
+
+    def ask(name: str, local: LocalOp, in_shapes):
+        key = (local.op_type, freeze(local.attrs), freeze(local.const_inputs),
+               freeze(in_shapes), tuple(s is None for s in local.input_slices))
+        if key not in answers:
+            answers[key] = result_shapes(name, local, in_shapes)
+        return answers[key]
+    return ask
+
+
+def _class_key(op, entry: OpEntry, labels: tuple[str, ...]) -> tuple | None:
+    """Ops with equal keys have equal device ops up to their name (None: no class)."""
+    if entry.signature is None:
+        return None
+    naming = tuple(sorted((k, str(v)) for k, v in op.attrs.items() if k in NAMING_ATTRS))
+    return entry.signature, labels, naming
 
 
 def _find(strategies, label: str) -> Strategy | None:
@@ -157,9 +200,12 @@ def _find(strategies, label: str) -> Strategy | None:
 
 
 def device_op(sem: Semantics, strategies, labels, ways, coords, device: int,
-              memo: SemanticsMemo, dtypes, result_shapes: ResultShapes | None = None
-              ) -> DeviceOp:
-    """The composite local op of one device (see the module docstring)."""
+              memo: SemanticsMemo, dtypes, result_shapes: ResultShapes | None = None,
+              steps: dict | None = None) -> DeviceOp:
+    """The composite local op of one device (see the module docstring). `steps`: the
+    levels' local ops, shared by the devices of one op (a level's depends only on the
+    device's coordinates up to it)."""
+    steps = {} if steps is None else steps
     name = sem.op_name
     n_in, n_out = len(sem.input_shapes), len(sem.output_shapes)
     in_origin = [(0,) * len(s) for s in sem.input_shapes]
@@ -170,7 +216,9 @@ def device_op(sem: Semantics, strategies, labels, ways, coords, device: int,
     scale = [1.0] * n_out
     partial: list[list[int]] = [[] for _ in range(n_out)]
     reducer: list[str | None] = [None] * n_out
+    n_real = sem.num_outputs if sem.num_outputs is not None else n_out
     local: LocalOp | None = None
+    local_sem = sem
     depth = 0
     for level, (label, k, p) in enumerate(zip(labels, ways, coords)):
         strategy = None if label == REPLICATE else _find(strategies, label)
@@ -180,7 +228,9 @@ def device_op(sem: Semantics, strategies, labels, ways, coords, device: int,
             raise RewriteError(f"the plan's choice '{label}' is not a strategy of the op.",
                                node=name, op_type=sem.op_type,
                                fix="plan again for this graph.")
-        local = _localize(sem, strategy, k, p)
+        prefix = tuple(coords[:level + 1])
+        local, local_sem = _once(steps, ("local", prefix),
+                                 lambda: _localize(sem, strategy, k, p)), sem
         depth = level + 1
         for i in range(n_in):
             sl, pads = local.input_slices[i], local.input_pads[i]
@@ -205,17 +255,8 @@ def device_op(sem: Semantics, strategies, labels, ways, coords, device: int,
                 reducer[o] = strategy.outputs[o].reducer
         if level + 1 == len(ways):
             break
-        out_shapes = [tuple(b - a for a, b in share) for share in local.output_slices]
-        if not all(_leading(c, share) for c, share in
-                   zip(local.output_crops, local.output_slices)):
-            in_shapes = [local.local_input_shape(i) or shape
-                         for i, shape in enumerate(sem.input_shapes)]
-            out_shapes = result_shapes(name, local, in_shapes) if result_shapes else None
-            if out_shapes is None:
-                break
-            # The next level splits the kernel's whole result (out_origin maps its
-            # coordinates to the tensor's); the window keeps this level's crop.
-        described = _describe(sem, local, memo, dtypes, out_shapes)
+        described = _once(steps, ("next", prefix),
+                          lambda: _next_level(sem, local, memo, dtypes, result_shapes))
         if described is None:
             break
         sem, strategies = described
@@ -233,7 +274,45 @@ def device_op(sem: Semantics, strategies, labels, ways, coords, device: int,
                                             zip(window[o], out_origin[o])),
                            scale[o], tuple(partial[o]), reducer[o]) for o in range(n_out)]
     return DeviceOp(name, device, local.op_type, dict(local.attrs),
-                    dict(local.const_inputs), tuple(inputs), tuple(outputs), depth)
+                    dict(local.const_inputs), tuple(inputs), tuple(outputs), depth,
+                    _kernel_shapes(local_sem, local, n_real, result_shapes))
+
+
+def _kernel_shapes(sem: Semantics, local: LocalOp, n_real: int,
+                   result_shapes: ResultShapes | None) -> tuple[tuple[int, ...], ...] | None:
+    """The shapes of the local kernel's real outputs: the caller's shape inference (a
+    local op may compute more than its share, e.g. a Tile keeping its multiples), else
+    the shares when the op crops nothing; None when unknown."""
+    in_shapes = [local.local_input_shape(i) or shape for i, shape in enumerate(sem.input_shapes)]
+    shapes = result_shapes(sem.op_name, local, in_shapes) if result_shapes else None
+    if shapes is not None:
+        return tuple(tuple(s) for s in shapes[:n_real])
+    if all(crop is None for crop in local.output_crops[:n_real]):
+        return tuple(tuple(b - a for a, b in share) for share in local.output_slices[:n_real])
+    return None
+
+
+def _once(steps: dict, key: tuple, compute: Callable[[], Any]) -> Any:
+    if key not in steps:
+        steps[key] = compute()
+    return steps[key]
+
+
+def _next_level(sem: Semantics, local: LocalOp, memo: SemanticsMemo, dtypes,
+                result_shapes: ResultShapes | None):
+    """(semantics, strategies) of a level's local op for the next level to split, or None
+    when it cannot be described."""
+    out_shapes = [tuple(b - a for a, b in share) for share in local.output_slices]
+    if not all(_leading(c, share) for c, share in
+               zip(local.output_crops, local.output_slices)):
+        in_shapes = [local.local_input_shape(i) or shape
+                     for i, shape in enumerate(sem.input_shapes)]
+        out_shapes = result_shapes(sem.op_name, local, in_shapes) if result_shapes else None
+        if out_shapes is None:
+            return None
+        # The next level splits the kernel's whole result (out_origin maps its
+        # coordinates to the tensor's); the window keeps this level's crop.
+    return _describe(sem, local, memo, dtypes, out_shapes)
 
 
 def _leading(crop: Box | None, share: Box) -> bool:

@@ -4,11 +4,13 @@ TensorFlow's executor runs any ready op; on a partitioned step that lets a devic
 ahead (every forward op of many layers before the backward frees anything) and inflates
 its peak. `sequence_devices` chains each device's ops with control edges in the order
 `execution_order` gives — the order the memory estimate assumes — so the two agree.
+`chain` finds those edges from plain lists (names, op types, devices, inputs), so an
+emitter that keeps its nodes' records adds them without reading the GraphDef back.
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from tensorflow.core.framework import graph_pb2
 
@@ -19,16 +21,23 @@ UNCHAINED = frozenset({"Const", "VarHandleOp", "Placeholder", "NoOp"})
 
 
 def _source(name: str) -> str:
-    return name.lstrip("^").split(":")[0]
+    return name.lstrip("^").partition(":")[0]
 
 
 def execution_order(graph_def: graph_pb2.GraphDef, fetches: Iterable[str] = ()) -> list[int]:
     """Indices of the nodes a step fetching `fetches` runs (all nodes if none given), in
     a topological order, ties broken by the order in the GraphDef (for a graph built
     front to back, that order itself)."""
-    index = {node.name: i for i, node in enumerate(graph_def.node)}
-    preds = [{index[_source(name)] for name in node.input} for node in graph_def.node]
-    runs = set(range(len(graph_def.node)))
+    nodes = graph_def.node
+    return order([node.name for node in nodes], [list(node.input) for node in nodes], fetches)
+
+
+def order(names: Sequence[str], inputs: Sequence[Sequence[str]], fetches: Iterable[str] = ()
+          ) -> list[int]:
+    """`execution_order` of nodes given as their names and input lists, in graph order."""
+    index = {name: i for i, name in enumerate(names)}
+    preds = [{index[_source(name)] for name in node_inputs} for node_inputs in inputs]
+    runs = set(range(len(names)))
     if fetches:
         runs, stack = set(), [index[_source(f)] for f in fetches]
         while stack:
@@ -36,9 +45,25 @@ def execution_order(graph_def: graph_pb2.GraphDef, fetches: Iterable[str] = ()) 
             if i not in runs:
                 runs.add(i)
                 stack.extend(preds[i])
-    order = stable_topological_order([preds[i] if i in runs else () for i in
-                                      range(len(preds))])
-    return [i for i in order if i in runs]
+    ordered = stable_topological_order([preds[i] if i in runs else () for i in
+                                        range(len(preds))])
+    return [i for i in ordered if i in runs]
+
+
+def chain(names: Sequence[str], ops: Sequence[str], devices: Sequence[str],
+          inputs: Sequence[Sequence[str]], fetches: Iterable[str]) -> list[tuple[int, str]]:
+    """(node index, the node it waits for) of the control edges `sequence_devices` adds,
+    for nodes given as names, op types, devices and input lists in graph order."""
+    last: dict[str, str] = {}
+    waits = []
+    for i in order(names, inputs, fetches):
+        if ops[i] in UNCHAINED:
+            continue
+        before = last.get(devices[i])
+        if before is not None and not any(_source(name) == before for name in inputs[i]):
+            waits.append((i, before))
+        last[devices[i]] = names[i]
+    return waits
 
 
 def sequence_devices(graph_def: graph_pb2.GraphDef, fetches: Iterable[str]
@@ -48,13 +73,9 @@ def sequence_devices(graph_def: graph_pb2.GraphDef, fetches: Iterable[str]
     edge, for the one before it. Other nodes (initialisers) stay out of the chain."""
     out = graph_pb2.GraphDef()
     out.CopyFrom(graph_def)
-    last: dict[str, str] = {}
-    for i in execution_order(out, fetches):
-        node = out.node[i]
-        if node.op in UNCHAINED:
-            continue
-        before = last.get(node.device)
-        if before is not None and not any(_source(name) == before for name in node.input):
-            node.input.append("^" + before)
-        last[node.device] = node.name
+    nodes = out.node
+    waits = chain([n.name for n in nodes], [n.op for n in nodes], [n.device for n in nodes],
+                  [list(n.input) for n in nodes], fetches)
+    for i, before in waits:
+        nodes[i].input.append("^" + before)
     return out
