@@ -136,11 +136,16 @@ def partition(graph: Graph, entries: Mapping[str, OpEntry], plan: Plan,
     n = int(np.prod(ways))
     coords = [coordinates(d, ways) for d in range(n)]
     stored = {}
+    boxes: dict[tuple, tuple[Box, ...]] = {}            # (shape, states) -> box per device
     for name, tensor in graph.tensors.items():
         if name not in plan.groups:
             continue
-        states = [parse_state(plan.state(level, name)) for level in range(len(ways))]
-        stored[name] = tuple(stored_box(tensor.shape, states, ways, c) for c in coords)
+        texts = tuple(plan.state(level, name) for level in range(len(ways)))
+        if (tensor.shape, texts) not in boxes:
+            states = [parse_state(text) for text in texts]
+            boxes[(tensor.shape, texts)] = tuple(stored_box(tensor.shape, states, ways, c)
+                                                 for c in coords)
+        stored[name] = boxes[(tensor.shape, texts)]
     memo = SemanticsMemo()
     ops = {}
     alike: dict[tuple, tuple[DeviceOp, ...]] = {}       # class of equal ops -> device ops

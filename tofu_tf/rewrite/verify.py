@@ -90,18 +90,19 @@ def cross_device_bytes(gd: graph_pb2.GraphDef) -> int:
     """Bytes of every (tensor, destination device) pair whose producer is elsewhere —
     what TensorFlow's Send/Recv move, once per tensor and receiving device."""
     nodes = {node.name: node for node in gd.node}
+    device_of = {name: node.device for name, node in nodes.items()}
     seen = set()
     total = 0
     for node in gd.node:
+        device = node.device
         for name in node.input:
             if name.startswith("^"):
                 continue
             source, _, index = name.partition(":")
-            producer = nodes[source]
-            if producer.device == node.device or (name, node.device) in seen:
+            if device_of[source] == device or (name, device) in seen:
                 continue
-            seen.add((name, node.device))
-            total += _tensor_bytes(producer, int(index or 0))
+            seen.add((name, device))
+            total += _tensor_bytes(nodes[source], int(index or 0))
     return total
 
 
