@@ -14,8 +14,11 @@ RTOL, ATOL = 1e-9, 1e-12                 # float64: only summation order differs
 def _keras_step(seed: int):
     import keras
     keras.utils.set_random_seed(seed)
-    previous = keras.config.floatx()
+    # Layers take the global dtype policy, which Keras fixes from floatx on first use
+    # (maybe by an earlier test): set both, and put both back.
+    previous, policy = keras.config.floatx(), keras.config.dtype_policy()
     keras.config.set_floatx("float64")
+    keras.config.set_dtype_policy("float64")
     try:
         model = keras.Sequential([
             keras.Input((8, 8, 3)),
@@ -30,6 +33,7 @@ def _keras_step(seed: int):
         loss_fn = keras.losses.MeanSquaredError()
     finally:
         keras.config.set_floatx(previous)
+        keras.config.set_dtype_policy(policy)
 
     @tf.function
     def step(x, y):
@@ -38,6 +42,7 @@ def _keras_step(seed: int):
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
+    assert {w.dtype for w in model.weights} == {"float64"}
     return model, optimizer, step
 
 
