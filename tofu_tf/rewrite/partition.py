@@ -27,6 +27,7 @@ result shapes are asked once per distinct local op of the class.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -161,9 +162,9 @@ def partition(graph: Graph, entries: Mapping[str, OpEntry], plan: Plan,
         dtypes = ([graph.tensors[t].dtype for t in op.inputs],
                   [graph.tensors[t].dtype for t in op.outputs])
         shapes, steps = _asked_once(result_shapes), {}
-        ops[op.name] = tuple(
+        ops[op.name] = _count_once(tuple(
             device_op(entry.semantics, entry.strategies, labels, ways, coords[d], d, memo,
-                      dtypes, shapes, steps) for d in range(n))
+                      dtypes, shapes, steps) for d in range(n)), coords)
         if key is not None:
             alike[key] = ops[op.name]
     return Partition(ways, stored, ops)
@@ -195,6 +196,47 @@ def _class_key(op, entry: OpEntry, labels: tuple[str, ...]) -> tuple | None:
         return None
     naming = tuple(sorted((k, str(v)) for k, v in op.attrs.items() if k in NAMING_ATTRS))
     return entry.signature, labels, naming
+
+
+# Reducers whose groups may count a whole result once by scaling the other copies by 0;
+# max and min may count it any number of times.
+_ADDITIVE = ("sum", "mean")
+_IDEMPOTENT = ("max", "min")
+
+
+def _count_once(pieces: tuple[DeviceOp, ...], coords) -> tuple[DeviceOp, ...]:
+    """Makes the pieces of one op agree on where each output is partial.
+
+    A device whose descent ended early (an uneven part too small for a level's strategy)
+    holds its share whole where the other devices hold partial results at the deeper
+    levels, yet its result is combined with its reduction groups at those levels like
+    theirs. So every piece takes the union of the partial levels, and for an additive
+    reducer a whole result counts once: the copy at coordinate 0 of each level it did not
+    split keeps its scale, the others get scale 0 (max and min need nothing)."""
+    out = list(pieces)
+    for o in range(len(pieces[0].outputs)):
+        levels = tuple(sorted({lvl for p in pieces for lvl in p.outputs[o].partial_levels}))
+        if not levels:
+            continue
+        reducer = next(p.outputs[o].reducer for p in pieces if p.outputs[o].partial_levels)
+        for d, piece in enumerate(out):
+            mine = piece.outputs[o]
+            missing = [lvl for lvl in levels if lvl not in mine.partial_levels]
+            if not missing:
+                continue
+            if reducer not in _ADDITIVE + _IDEMPOTENT:
+                raise RewriteError(
+                    f"an uneven part is too small to split like the others, and its whole "
+                    f"result cannot be combined in a partial '{reducer}'.",
+                    node=piece.op, op_type=piece.op_type,
+                    fix="use a device count that divides the reduced dimension, or plan "
+                        "with fewer devices.")
+            once = reducer in _IDEMPOTENT or all(coords[d][lvl] == 0 for lvl in missing)
+            fixed = dataclasses.replace(mine, partial_levels=levels, reducer=reducer,
+                                        scale=mine.scale if once else 0.0)
+            out[d] = dataclasses.replace(
+                piece, outputs=piece.outputs[:o] + (fixed,) + piece.outputs[o + 1:])
+    return tuple(out)
 
 
 def _find(strategies, label: str) -> Strategy | None:
