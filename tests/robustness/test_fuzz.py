@@ -1,0 +1,32 @@
+"""Differential fuzzing in CI: hypothesis draws random training steps (tofu_tf/fuzz.py)
+and device counts; partitioned must equal unpartitioned. The larger run is
+`python bench/fuzz.py` (bench/results/fuzz.md)."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tofu_tf.fuzz import check, random_step
+
+
+class HypothesisChooser:
+    """Every random choice of the generator drawn from hypothesis (so failures shrink)."""
+
+    def __init__(self, data):
+        self.data = data
+
+    def choice(self, options):
+        return self.data.draw(st.sampled_from(list(options)))
+
+    def integer(self, low: int, high: int) -> int:
+        return self.data.draw(st.integers(low, high))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(st.data(), st.integers(2, 8), st.integers(0, 2**16))
+def test_random_steps_partition_exactly(data, devices, seed):
+    case = random_step(HypothesisChooser(data), seed=seed)
+    problem = check(case, devices)
+    assert problem is None, f"{case.describe()} on {devices} devices: {problem}"
