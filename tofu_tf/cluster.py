@@ -37,6 +37,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Callable, Iterator, Sequence
 
@@ -129,6 +130,9 @@ class LocalCluster:
         self.config = session_config(step_timeout_s=step_timeout_s)
         self.stop_timeout_s = stop_timeout_s
         self.processes: list[subprocess.Popen] = []
+        # Each worker's stderr goes to a file: a pipe nobody drains would block a chatty
+        # worker once its buffer fills.
+        self._logs = [tempfile.TemporaryFile() for _ in range(num_workers)]
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
         env.pop("TF_CONFIG", None)
         try:
@@ -136,7 +140,7 @@ class LocalCluster:
                 self.processes.append(subprocess.Popen(
                     [python, "-m", "tofu_tf.cluster", f"--cluster={','.join(self.addresses)}",
                      f"--task={task}", f"--num_cpus={cpus_per_worker}"],
-                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._logs[task],
                     env=env))
             self._wait_ready(start_timeout_s)
         except BaseException:
@@ -161,19 +165,18 @@ class LocalCluster:
                 if ready:                              # stdout closed: it is exiting
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         process.wait(timeout=self.stop_timeout_s)
-                reason = (f"exited with status {process.poll()}: {self._stderr(process)}"
+                reason = (f"exited with status {process.poll()}: {self._stderr(task)}"
                           if process.poll() is not None
                           else f"did not start within {timeout_s:.0f} s")
                 raise WorkerError(f"worker task {task} at {self.addresses[task]} {reason}",
                                   fix="check that TensorFlow imports in a fresh process and "
                                       "that loopback ports can be bound.")
 
-    @staticmethod
-    def _stderr(process: subprocess.Popen) -> str:
-        if process.poll() is None:
-            return ""
-        text = process.stderr.read().decode(errors="replace").strip().splitlines()
-        return " | ".join(text[-3:])
+    def _stderr(self, task: int) -> str:
+        """The last lines worker `task` wrote to stderr."""
+        log = self._logs[task]
+        log.seek(0)
+        return " | ".join(log.read().decode(errors="replace").strip().splitlines()[-3:])
 
     def dead(self) -> list[int]:
         """The tasks whose process is no longer running."""
@@ -200,9 +203,10 @@ class LocalCluster:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-            for stream in (process.stdout, process.stderr):
-                if stream:
-                    stream.close()
+            if process.stdout:
+                process.stdout.close()
+        for log in self._logs:
+            log.close()
 
     def __enter__(self) -> "LocalCluster":
         return self
