@@ -136,6 +136,11 @@ class Strategy:
     outputs: tuple[OutputState, ...]
     input_shapes: tuple[tuple[int, ...], ...]
 
+    @property
+    def label(self) -> str:
+        """How plans name it: 'o:i' (split output index i), 'r:k' (reduction index k)."""
+        return f"{self.kind[0]}:{self.var}"
+
     def valid_for(self, k: int) -> bool:
         return 2 <= k <= self.extent
 
@@ -152,7 +157,7 @@ class Strategy:
     def __str__(self) -> str:
         ins = " ".join(r.label(s) for r, s in zip(self.inputs, self.input_shapes))
         outs = " ".join(str(o) for o in self.outputs)
-        return f"{self.kind[0]}:{self.var} in {ins} -> {outs}"
+        return f"{self.label} in {ins} -> {outs}"
 
 
 # -- evaluation over intervals ------------------------------------------------------

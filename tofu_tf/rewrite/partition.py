@@ -241,7 +241,7 @@ def _count_once(pieces: tuple[DeviceOp, ...], coords) -> tuple[DeviceOp, ...]:
 
 def _find(strategies, label: str) -> Strategy | None:
     for s in strategies:
-        if f"{s.kind[0]}:{s.var}" == label:
+        if s.label == label:
             return s
     return None
 

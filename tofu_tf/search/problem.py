@@ -185,7 +185,7 @@ def make_choice(problem: Problem, op: ProblemOp, strategy: Strategy | None) -> C
         zero = (0,) * len(shape)
         output_boxes.append(tuple(clamp_box(local.output_slices[o], shape, zero)
                                   for local in locals_))
-    label = REPLICATE if strategy is None else f"{strategy.kind[0]}:{strategy.var}"
+    label = REPLICATE if strategy is None else strategy.label
     return Choice(label, strategy, tuple(input_boxes), tuple(produced), tuple(output_boxes),
                   tuple(extra))
 

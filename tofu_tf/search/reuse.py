@@ -25,11 +25,6 @@ from tofu_tf.search.topology import Topology
 FIX = "plan this graph again (omit plan=), or pass the plan made for this graph."
 
 
-def strategy_label(strategy) -> str:
-    """A strategy as a plan names it: 'o:i' (split output dim i), 'r:k' (reduction k)."""
-    return f"{strategy.kind[0]}:{strategy.var}"
-
-
 def check_plan(plan: Plan, graph: Graph, topology: Topology,
                entries: Mapping[str, OpEntry]) -> None:
     """Raises `PlanMismatchError` at the first place `plan` does not fit `graph`."""
@@ -51,7 +46,7 @@ def check_plan(plan: Plan, graph: Graph, topology: Topology,
             if tensor not in plan.groups:
                 raise PlanMismatchError(f"output {tensor} has no group in the plan.",
                                         node=op.name, op_type=op.type, fix=FIX)
-        labels = {strategy_label(s) for s in entries[op.name].strategies} | {REPLICATE}
+        labels = {s.label for s in entries[op.name].strategies} | {REPLICATE}
         for number, level in enumerate(plan.levels):
             label = level.choices.get(op.name, REPLICATE)
             if label not in labels:
