@@ -68,11 +68,17 @@ def reduce_all(em, t: str, op: str) -> dict[int, dict[Box, Ref]]:
             continue
         new = {d: dict(p) for d, p in pieces.items()}
         for d in range(em.n):
+            boxes = {targets[e] for e in new[d]}
             for m in em.parts.group(d, (level,)):
                 for e, tensor in pieces[m].items():
-                    if e not in new[d]:
-                        em.send("reduce", t, op, tensor, m, d, targets[e])
-                        new[d][e] = tensor
+                    if e in new[d] or targets[e] in boxes:     # held, or an equal box
+                        continue
+                    # The copy is an Identity on d: the edge the ledger records is in the
+                    # graph whether or not d's ops read this piece later.
+                    em.send("reduce", t, op, tensor, m, d, targets[e])
+                    new[d][e] = em.out.identity(
+                        tensor, d, em._name(t.replace(":", "_") + "/gathered"))
+                    boxes.add(targets[e])
         pieces = new
     for d in range(em.n):
         held[d] = {targets[e]: tensor for e, tensor in pieces[d].items()}

@@ -15,7 +15,8 @@ from collections import defaultdict
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.core.framework import graph_pb2
+from tensorflow.core.framework import attr_value_pb2, graph_pb2
+from tensorflow.python.framework import op_def_registry
 
 from tofu_tf.errors import RewriteError
 from tofu_tf.graph import DTYPE_SIZES, Graph
@@ -113,7 +114,24 @@ def _tensor_bytes(node, index: int) -> int:
 
 
 def _output_dtype(node, index: int) -> str:
+    """The dtype of output `index`, from the op's registered definition (a comparison's
+    output is bool whatever its inputs' T)."""
+    op_def = op_def_registry.get(node.op)
+    types = []
+    for arg in op_def.output_arg if op_def is not None else ():
+        if arg.type_list_attr:
+            types += list(_attr(node, arg.type_list_attr).list.type)
+            continue
+        count = _attr(node, arg.number_attr).i if arg.number_attr else 1
+        types += [arg.type or _attr(node, arg.type_attr).type] * count
+    if index < len(types) and types[index]:
+        return tf.as_dtype(types[index]).name
     for key in ("T", "dtype", "out_type", "DstT"):
         if key in node.attr and node.attr[key].type:
             return tf.as_dtype(node.attr[key].type).name
     return "float32"
+
+
+def _attr(node, key: str) -> attr_value_pb2.AttrValue:
+    """node.attr[key] without inserting an empty value when it is missing."""
+    return node.attr[key] if key in node.attr else attr_value_pb2.AttrValue()
