@@ -31,7 +31,7 @@ FAILING_KINDS = ("wrong", "error", "missing", "unsampled")
 
 @dataclass(frozen=True)
 class Finding:
-    kind: str                   # wrong | error | missing | unsampled | unrunnable
+    kind: str       # wrong | error | missing | unsampled | unrunnable | undetermined
     op_type: str
     sample: str
     strategy: str = ""
@@ -212,13 +212,14 @@ def check_strategy(inst: _Instance, strategy, k: int, expected, sample_id: str
     from tofu_tf.op_semantics.localize import localize
     sem = inst.sem
     partial: dict[int, np.ndarray] = {}
-    findings = []
+    findings, locals_ = [], []
     for part in range(k):
         where = dict(op_type=sem.op_type, sample=sample_id, strategy=str(strategy), k=k,
                      part=part)
         try:
             local = localize(sem, strategy, k, part)
             results = _run_local(inst, local)
+            locals_.append(local)
         except Exception as err:  # a failing kernel is a finding, not a crash
             findings.append(Finding("error", message=f"{type(err).__name__}: "
                                     f"{str(err).splitlines()[0][:300]}", **where))
@@ -241,11 +242,20 @@ def check_strategy(inst: _Instance, strategy, k: int, expected, sample_id: str
             continue
         problem = _close(np.asarray(combined, dtype=expected[o].dtype), expected[o])
         if problem:
-            findings.append(Finding("wrong", op_type=sem.op_type, sample=sample_id,
+            # A part whose kernel leaves this output unwritten (two runs differ) has no
+            # determined value to combine: reported, not failed, as for the whole op.
+            kind = "wrong" if _parts_determined(inst, locals_, o) else "undetermined"
+            findings.append(Finding(kind, op_type=sem.op_type, sample=sample_id,
                                     strategy=str(strategy), k=k,
                                     message=f"output {o} combined ({strategy.outputs[o]}): "
                                             f"{problem}"))
     return findings
+
+
+def _parts_determined(inst: _Instance, locals_, output: int) -> bool:
+    """Whether two runs of every part give the same `output`."""
+    return all(_same(_run_local(inst, local)[output], _run_local(inst, local)[output])
+               for local in locals_)
 
 
 def _run_parts(inst: _Instance, strategy, k: int, expected, locals_) -> bool:

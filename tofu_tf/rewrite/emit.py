@@ -336,6 +336,8 @@ class _Emitter:
             if e == d and _contains(value.box, box):
                 return self._cut(value, box, d)
 
+        sources: dict[str, int] = {}
+
         def cell_value(cell: Box) -> Ref:
             found = self._source(cell, d, pieces)
             if found is None:
@@ -344,9 +346,15 @@ class _Emitter:
             src, value = found
             piece = self._cut(value, cell, src)
             self.send(kind, t, op, piece, src, d, cell)
+            sources[piece.name] = src
             return piece
 
-        return self.tile(t, box, d, [value.box for _, value in pieces], cell_value)
+        whole = self.tile(t, box, d, [value.box for _, value in pieces], cell_value)
+        if sources.get(whole.name, d) != d:
+            # One remote cell is the whole region: an Identity on d receives it, so the
+            # edge the ledger records exists even if no op on d reads the region.
+            whole = self.out.identity(whole, d, self._name(t.replace(":", "_") + "/received"))
+        return whole
 
     def send(self, kind: str, t: str, op: str, piece: Ref, src: int, dst: int,
              box: Box) -> None:
