@@ -7,6 +7,7 @@ import numpy as np
 import tensorflow as tf
 
 import tofu_tf
+from tofu_tf.models.keras_models import keras_float, training_step
 
 RTOL, ATOL = 1e-9, 1e-12                 # float64: only summation order differs
 
@@ -14,12 +15,7 @@ RTOL, ATOL = 1e-9, 1e-12                 # float64: only summation order differs
 def _keras_step(seed: int):
     import keras
     keras.utils.set_random_seed(seed)
-    # Layers take the global dtype policy, which Keras fixes from floatx on first use
-    # (maybe by an earlier test): set both, and put both back.
-    previous, policy = keras.config.floatx(), keras.config.dtype_policy()
-    keras.config.set_floatx("float64")
-    keras.config.set_dtype_policy("float64")
-    try:
+    with keras_float("float64"):
         model = keras.Sequential([
             keras.Input((8, 8, 3)),
             keras.layers.Conv2D(8, 3, padding="same"),
@@ -29,19 +25,7 @@ def _keras_step(seed: int):
             keras.layers.Dense(5),
         ])
         optimizer = keras.optimizers.Adam(1e-2)
-        optimizer.build(model.trainable_variables)
-        loss_fn = keras.losses.MeanSquaredError()
-    finally:
-        keras.config.set_floatx(previous)
-        keras.config.set_dtype_policy(policy)
-
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
+        step = training_step(model, optimizer, keras.losses.MeanSquaredError())
     assert {w.dtype for w in model.weights} == {"float64"}
     return model, optimizer, step
 

@@ -11,8 +11,9 @@ as a user would write it.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import tensorflow as tf
@@ -83,14 +84,22 @@ def build_keras_step(name: str, *, batch_size: int = 2, image_size: int = 32,
         raise TofuError(f"unknown Keras model '{name}'; choose one of {', '.join(KERAS_MODELS)}.")
     keras.utils.set_random_seed(seed)
     rng = np.random.default_rng(seed)
-    # Layers take the global dtype policy, which Keras fixes from floatx on first use:
-    # set both, and put both back.
+    with keras_float(dtype):
+        return _build_keras_step(name, batch_size, image_size, classes, seq_len, hidden,
+                                 vocab, rng, dtype)
+
+
+@contextlib.contextmanager
+def keras_float(dtype: str) -> Iterator[None]:
+    """Keras builds layers, losses and optimizers in `dtype` inside the block. Layers take
+    the global dtype policy, which Keras fixes from floatx on first use (maybe earlier in
+    the process): set both, and put both back."""
+    import keras
     previous, policy = keras.config.floatx(), keras.config.dtype_policy()
     keras.config.set_floatx(dtype)
     keras.config.set_dtype_policy(dtype)
     try:
-        return _build_keras_step(name, batch_size, image_size, classes, seq_len, hidden,
-                                 vocab, rng, dtype)
+        yield
     finally:
         keras.config.set_floatx(previous)
         keras.config.set_dtype_policy(policy)
