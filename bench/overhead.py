@@ -8,7 +8,9 @@ Each tiny reference model (graph-only, float32, batch 8) runs `--steps` timed st
 session with one logical CPU per device. Logical CPUs share the host's cores and memory,
 so this measures the rewrite's overhead (more, smaller kernels and the copies between
 devices), not a speedup. Results (medians, ratio) go to bench/results/overhead.json and
-overhead.md.
+overhead.md, with the step's bytes three ways: the search's model (each level's cut
+priced inside its groups), the plan's prediction of the emitted step (rewrite/pricing.py)
+and the ledger's step total (equal to the prediction, or the verifier fails).
 """
 
 from __future__ import annotations
@@ -48,16 +50,21 @@ def measure(model: str) -> dict:
             "single_seconds": single, "partitioned_seconds": parted, "ratio": parted / single,
             "nodes_single": len(step.graph_def.node),
             "nodes_partitioned": len(optimized.graph_def.node),
-            "moved_bytes": optimized.ledger.moved_bytes, "plan_bytes": optimized.plan.total_bytes}
+            "moved_bytes": optimized.ledger.moved_bytes, "plan_bytes": optimized.plan.total_bytes,
+            "predicted_bytes": optimized.plan.predicted_bytes,
+            "ledger_step_bytes": optimized.ledger.step_bytes}
 
 
 def table(stored: dict) -> str:
     lines = ["| model | devices | unpartitioned ms | partitioned ms | ratio | nodes | "
-             "partitioned nodes |", "|---|---|---|---|---|---|---|"]
+             "partitioned nodes | search model B | predicted B | ledger B |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in stored["rows"]:
         lines.append(f"| {r['model']} | {r['devices']} | {1e3 * r['single_seconds']:.2f} | "
                      f"{1e3 * r['partitioned_seconds']:.2f} | {r['ratio']:.2f} | "
-                     f"{r['nodes_single']} | {r['nodes_partitioned']} |")
+                     f"{r['nodes_single']} | {r['nodes_partitioned']} | "
+                     f"{r['plan_bytes']:.0f} | {r.get('predicted_bytes', '-')} | "
+                     f"{r.get('ledger_step_bytes', '-')} |")
     return "\n".join(lines)
 
 

@@ -41,10 +41,11 @@ from tofu_tf.errors import KeptWholeWarning, TofuError
 from tofu_tf.graph import Graph
 from tofu_tf.op_semantics.catalog import catalog, missing_types
 from tofu_tf.options import Options
-from tofu_tf.rewrite.emit import Shard, emit
+from tofu_tf.rewrite.emit import Shard, cpu_devices, emit, partition_of, uses_v2
 from tofu_tf.rewrite.graphdef_io import (ImportedGraph, import_concrete_function,
                                          import_graph_def)
 from tofu_tf.rewrite.ledger import Ledger
+from tofu_tf.rewrite.pricing import predict_bytes
 from tofu_tf.rewrite.verify import verify
 from tofu_tf.runtime import Runner
 from tofu_tf.search.plan import Plan, make_plan
@@ -102,12 +103,26 @@ def optimize_imported(imported: ImportedGraph, topology: Topology, *,
         plan = make_plan(imported.graph, topology, options=options)
     else:
         check_plan(plan, imported.graph, topology, entries)
+    plan, parts = predict(plan, imported, entries, options=options, devices=devices,
+                          expose=expose)
     emitted = emit(imported.graph, imported.graph_def, entries, plan, devices=devices,
                    feeds=feeds, expose=expose, collectives_mode=options.collectives,
-                   sequential=options.sequential)
-    verify(emitted, imported.graph)
+                   sequential=options.sequential, parts=parts)
+    verify(emitted, imported.graph, plan.predicted_per_level)
     return Optimized(emitted.graph_def, plan, emitted.ledger, emitted.shards,
                      emitted.devices, emitted.fetches, tuple(feeds), imported.graph)
+
+
+def predict(plan: Plan, imported: ImportedGraph, entries=None, *,
+            options: Options = Options(), devices: Sequence[str] | None = None,
+            expose: Sequence[str] = ()):
+    """(the plan with the bytes its emitted step moves per level, its partition)."""
+    entries = entries or catalog(imported.graph, strict=options.strict)
+    parts = partition_of(imported.graph, imported.graph_def, entries, plan)
+    names = tuple(devices or cpu_devices(parts.num_devices))
+    return plan.with_prediction(predict_bytes(
+        imported.graph, entries, plan, parts, expose=expose,
+        use_v2=uses_v2(options.collectives, names))), parts
 
 
 def _warn_kept_whole(entries) -> None:

@@ -24,6 +24,8 @@ from tofu_tf import _cli
 from tofu_tf._cli import FLAGS, model_sizes
 
 flags.DEFINE_string("json_out", None, "write the plan report as JSON here")
+flags.DEFINE_bool("predict", True, "also price the emitted step: the bytes its graph "
+                  "moves per level (the search prices each level's cut inside its groups)")
 flags.DEFINE_bool("ilp", False, "also solve every level by ILP (small graphs)")
 flags.DEFINE_bool("baselines", True, "also evaluate the baselines")
 flags.DEFINE_string("diff", None, "compare two plans (Plan JSON from --plan_out): "
@@ -31,11 +33,11 @@ flags.DEFINE_string("diff", None, "compare two plans (Plan JSON from --plan_out)
 
 
 def build_graph(model: str, batch_size: int, optimizer: str, sizes: dict):
-    """The model's training step as an imported planner graph, without weights."""
+    """The model's training step, imported (planner graph and GraphDef), without weights."""
     from tofu_tf.models import build
     from tofu_tf.rewrite.graphdef_io import import_graph_def
     step = build(model, optimizer=optimizer, batch_size=batch_size, graph_only=True, **sizes)
-    return import_graph_def(step.graph_def, step.fetches).graph
+    return import_graph_def(step.graph_def, step.fetches)
 
 
 def report(plan, graph, topology, *, with_baselines: bool, with_ilp: bool,
@@ -44,6 +46,8 @@ def report(plan, graph, topology, *, with_baselines: bool, with_ilp: bool,
             "sizes": model_sizes(), "topology": str(topology),
             "num_devices": topology.num_devices, "total_bytes": plan.total_bytes,
             "bytes_per_level": list(plan.bytes_per_level),
+            "predicted_bytes": plan.predicted_bytes,
+            "predicted_bytes_per_level": list(plan.predicted_per_level),
             "search_seconds": plan.search_seconds, "build_import_seconds": build_seconds,
             "num_ops": plan.num_ops, "num_groups": plan.num_groups, "exact": plan.exact,
             "per_device_peak_bytes": list(plan.per_device_peak_bytes),
@@ -86,11 +90,16 @@ def main(argv) -> int:
         topology = _cli.topology()
         start = time.perf_counter()
         logging.info("building and importing %s ...", FLAGS.model)
-        graph = build_graph(FLAGS.model, FLAGS.batch_size, FLAGS.optimizer, model_sizes())
+        imported = build_graph(FLAGS.model, FLAGS.batch_size, FLAGS.optimizer,
+                               model_sizes())
+        graph = imported.graph
         build_seconds = time.perf_counter() - start
         logging.info("planning %d ops over %s ...", len(graph), topology)
         check_fits(graph, topology)
         plan = make_plan(graph, topology, options=_cli.options())
+        if FLAGS.predict:
+            from tofu_tf.api import predict
+            plan, _ = predict(plan, imported, options=_cli.options())
         print(plan)
         data = report(plan, graph, topology, with_baselines=FLAGS.baselines,
                       with_ilp=FLAGS.ilp, build_seconds=build_seconds)

@@ -26,13 +26,19 @@ def test_eight_devices(model, optimizer):
     assert optimized.num_devices == 8
     # the verifier ran inside optimize; the graph's own edges agree with the ledger
     assert cross_device_bytes(optimized.graph_def) == optimized.ledger.moved_bytes
+    # and the step moves what the plan predicts, per level of the 2x2x2 topology
+    ways = tuple(level.ways for level in optimized.plan.levels)
+    assert ways == (2, 2, 2)
+    assert optimized.ledger.step_bytes_per_level(ways) == optimized.plan.predicted_per_level
+    assert optimized.ledger.step_bytes == optimized.plan.predicted_bytes > 0
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 6])
 @pytest.mark.parametrize("model,optimizer", [("mlp", "adam"), ("transformer", "sgd"),
                                              ("lstm", "momentum"), ("wresnet", "sgd")])
 def test_other_device_counts(model, optimizer, n):
-    compare(model, optimizer, num_devices=n, dtype="float64")
+    optimized = compare(model, optimizer, num_devices=n, dtype="float64")
+    assert optimized.ledger.step_bytes == optimized.plan.predicted_bytes
 
 
 @pytest.mark.parametrize("model", ["mlp", "lstm", "transformer"])
@@ -42,8 +48,10 @@ def test_float32_within_tolerance(model):
 
 @pytest.mark.parametrize("model", MODELS)
 def test_one_level_ledger_equals_plan(model):
+    """One level: the search's model, the prediction and the ledger all agree."""
     optimized = compare(model, "sgd", num_devices=2, dtype="float64")
     assert optimized.ledger.step_bytes == optimized.plan.total_bytes
+    assert optimized.plan.predicted_bytes == optimized.plan.total_bytes
 
 
 def test_topology_string():
@@ -105,6 +113,7 @@ from equivalence import compare
 optimized = compare("transformer", "momentum", num_devices=8, dtype="float64",
                     options=Options(collectives=Collectives.V2,
                                     variable_storage=VariableStorage.REPLICABLE))
+assert optimized.ledger.step_bytes == optimized.plan.predicted_bytes
 print("collectives", sum(n.op == "CollectiveReduceV2" for n in optimized.graph_def.node))
 """
 

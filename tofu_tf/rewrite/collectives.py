@@ -23,9 +23,8 @@ from __future__ import annotations
 from tensorflow.core.framework import types_pb2
 
 from tofu_tf.errors import RewriteError
-from tofu_tf.op_semantics.analysis import part_range
 from tofu_tf.rewrite.nodedefs import Ref, str_attr, type_attr
-from tofu_tf.rewrite.partition import Box, parse_state
+from tofu_tf.rewrite.partition import Box, parse_state, reduce_target
 from tofu_tf.search.cost import box_volume
 
 
@@ -41,7 +40,7 @@ def reduce_all(em, t: str, op: str) -> dict[int, dict[Box, Ref]]:
     targets: dict[int, Box | None] = {}
     for d in range(em.n):
         produced = em.produced[t][d].box
-        targets[d] = _target(produced, levels, states, em.parts.coordinates(d), em.parts.ways)
+        targets[d] = reduce_target(produced, levels, states, em.parts.coordinates(d), em.parts.ways)
     # Every device starts with its (scaled) partial result of D, cut into the targets
     # of its group: pieces are keyed by the target's owner.
     pieces: dict[int, dict[int, Ref]] = {}
@@ -122,26 +121,6 @@ def _collective_reduce(em, tensor: Ref, size: int, key: tuple[int, int], reducer
                         for v in (size, *key)))
     return em.out.node("CollectiveReduceV2", name, d, inputs, attrs, [tensor.shape],
                        [tensor.dtype])[0]
-
-
-def _target(box: Box, levels, states, coords, ways) -> Box | None:
-    """The device's share of D after the reduce-scatter (None: an empty share)."""
-    box = list(box)
-    for level in levels:
-        state, k, p = states[level], ways[level], coords[level]
-        if state.kind == "split":
-            dim = state.dim
-        else:
-            sizes = [b - a for a, b in box]
-            if not sizes or max(sizes) < 2:               # nothing to chunk: part 0 keeps it
-                if p:
-                    return None
-                continue
-            dim = max(range(len(sizes)), key=lambda i: sizes[i])
-        a, b = box[dim]
-        lo, hi = part_range(b - a, k, p)
-        box[dim] = (a + lo, a + hi + 1)
-    return tuple(box)
 
 
 COMBINE = {"max": "Maximum", "min": "Minimum", "prod": "Mul"}

@@ -74,15 +74,13 @@ def cpu_devices(n: int) -> tuple[str, ...]:
 def emit(graph: Graph, graph_def: graph_pb2.GraphDef, entries: Mapping[str, OpEntry],
          plan: Plan, *, devices: Sequence[str] | None = None,
          feeds: Sequence[str] = (), expose: Sequence[str] = (),
-         collectives_mode: Collectives = Collectives.AUTO, sequential: bool = True
-         ) -> Emitted:
+         collectives_mode: Collectives = Collectives.AUTO, sequential: bool = True,
+         parts: Partition | None = None) -> Emitted:
     """The partitioned GraphDef of `graph` (imported from `graph_def`) under `plan`.
     `expose`: more tensors to assemble whole on device 0, as `tofu_expose/<op>_<index>`
-    (for inspecting intermediate values). `collectives_mode`, `sequential`: see Options."""
-    nodes = {node.name: node for node in graph_def.node}
-    handles = frozenset(v.handle for v in graph.variables.values())
-    parts = partition(graph, entries, plan,
-                      functools.partial(_result_shapes, graph, nodes, handles))
+    (for inspecting intermediate values). `collectives_mode`, `sequential`: see Options.
+    `parts`: the plan's partition when already computed (`partition_of`)."""
+    parts = parts or partition_of(graph, graph_def, entries, plan)
     devices = tuple(devices or cpu_devices(parts.num_devices))
     if len(devices) != parts.num_devices:
         raise RewriteError(f"{len(devices)} device names for a plan over "
@@ -90,6 +88,23 @@ def emit(graph: Graph, graph_def: graph_pb2.GraphDef, entries: Mapping[str, OpEn
                            fix="pass one device name per device of the plan.")
     return _Emitter(graph, graph_def, entries, parts, devices, feeds, plan,
                     collectives_mode).run(expose, sequential)
+
+
+def partition_of(graph: Graph, graph_def: graph_pb2.GraphDef,
+                 entries: Mapping[str, OpEntry], plan: Plan) -> Partition:
+    """The plan's per-device ops and regions, with TensorFlow's shape inference for the
+    local kernels' real result shapes."""
+    nodes = {node.name: node for node in graph_def.node}
+    handles = frozenset(v.handle for v in graph.variables.values())
+    return partition(graph, entries, plan,
+                     functools.partial(_result_shapes, graph, nodes, handles))
+
+
+def uses_v2(collectives_mode: Collectives, devices: Sequence[str]) -> bool:
+    """Whether partial results reduce with V2 collectives (always on GPUs under AUTO)."""
+    on_gpus = any("GPU" in name.upper() for name in devices)
+    return collectives_mode is Collectives.V2 or (collectives_mode is Collectives.AUTO
+                                                   and on_gpus)
 
 
 @dataclass
@@ -105,10 +120,9 @@ class _Emitter:
         self.graph, self.entries, self.parts, self.devices = graph, entries, parts, devices
         self.plan = plan
         self.reduced: dict[str, dict] = {}                       # tensor -> reduce_all
-        on_gpus = any("GPU" in name.upper() for name in devices)
-        self.use_v2 = collectives_mode is Collectives.V2 or (
-            collectives_mode is Collectives.AUTO and on_gpus)
-        self.communication_hint = "nccl" if on_gpus else "auto"
+        self.use_v2 = uses_v2(collectives_mode, devices)
+        self.communication_hint = ("nccl" if any("GPU" in name.upper() for name in devices)
+                                   else "auto")
         self._group_keys: dict[tuple[int, ...], int] = {}
         self._instances = itertools.count(1)
         self.collective_ops: list[str] = []                      # their node names

@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from tofu_tf.search.topology import coordinates
+
 STEP_KINDS = ("fetch", "convert", "reduce")
 
 
@@ -62,6 +64,16 @@ class Ledger:
     def step_bytes(self) -> int:
         """Bytes the training step moves between devices (what the plan prices)."""
         return self.total(STEP_KINDS)
+
+    def step_bytes_per_level(self, ways: tuple[int, ...]) -> tuple[int, ...]:
+        """Step bytes per topology level: each transfer counts at the outermost level at
+        which its two devices differ (the link it crosses)."""
+        per_level = [0] * len(ways)
+        for t in self.transfers:
+            if t.kind in STEP_KINDS:
+                a, b = coordinates(t.src, ways), coordinates(t.dst, ways)
+                per_level[next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)] += t.bytes
+        return tuple(per_level)
 
     def by_kind(self) -> dict[str, int]:
         out: dict[str, int] = defaultdict(int)

@@ -125,6 +125,27 @@ def stored_box(shape: tuple[int, ...], states: list[OutputState], ways, coords) 
     return tuple(box)
 
 
+def reduce_target(box: Box, levels, states, coords, ways) -> Box | None:
+    """The device's share of a partial result's region `box` after the reduce-scatter over
+    `levels` (rewrite/collectives.py); None: an empty share."""
+    box = list(box)
+    for level in levels:
+        state, k, p = states[level], ways[level], coords[level]
+        if state.kind == "split":
+            dim = state.dim
+        else:
+            sizes = [b - a for a, b in box]
+            if not sizes or max(sizes) < 2:               # nothing to chunk: part 0 keeps it
+                if p:
+                    return None
+                continue
+            dim = max(range(len(sizes)), key=lambda i: sizes[i])
+        a, b = box[dim]
+        lo, hi = part_range(b - a, k, p)
+        box[dim] = (a + lo, a + hi + 1)
+    return tuple(box)
+
+
 ResultShapes = Callable[[str, LocalOp, list], "list[tuple[int, ...]] | None"]
 
 

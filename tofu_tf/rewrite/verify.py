@@ -6,7 +6,8 @@
   shards of a variable tile it (each element stored on at least one device);
 - every fetch exists;
 - every V2 collective instance has exactly group_size members on distinct devices;
-- the bytes crossing devices, read off the graph's edges and shapes, equal the ledger's.
+- the bytes crossing devices, read off the graph's edges and shapes, equal the ledger's;
+- the ledger's step bytes per level equal the plan's prediction (rewrite/pricing.py).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from tofu_tf.graph import DTYPE_SIZES, Graph
 COLLECTIVES = ("CollectiveReduceV2", "CollectiveGatherV2", "CollectiveAllToAllV2")
 
 
-def verify(emitted, graph: Graph) -> None:
+def verify(emitted, graph: Graph, predicted: tuple[int, ...] = ()) -> None:
+    """`predicted`: the plan's bytes per level for the step (checked when given)."""
     gd = emitted.graph_def
     nodes = {node.name: node for node in gd.node}
     devices = set(emitted.devices)
@@ -47,6 +49,12 @@ def verify(emitted, graph: Graph) -> None:
         raise RewriteError(f"the graph moves {edges} bytes across devices, the ledger "
                            f"records {emitted.ledger.edge_bytes}.",
                            fix="every cross-device edge must be recorded once.")
+    ways = tuple(int(w) for w in emitted.partition.ways)
+    if predicted and emitted.ledger.step_bytes_per_level(ways) != tuple(predicted):
+        raise RewriteError(f"the step moves {emitted.ledger.step_bytes_per_level(ways)} "
+                           f"bytes per level, the plan predicts {tuple(predicted)}.",
+                           fix="the emitter and rewrite/pricing.py must follow the same "
+                               "rules.")
 
 
 def _check_shards(emitted, graph: Graph, nodes) -> None:

@@ -7,6 +7,7 @@ that make them move. `make_plan(graph, topology)` runs the search.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -72,6 +73,10 @@ class Plan:
     # of each cut, the largest) and of the unpartitioned step on one device.
     per_device_peak_bytes: tuple[int, ...] = ()
     single_device_peak_bytes: int = 0
+    # Bytes the emitted step moves per level (the outermost level its two devices differ
+    # at), priced from the per-device regions (rewrite/pricing.py); () until priced. The
+    # levels' `bytes` above are the search's model: each level's cut inside its groups.
+    predicted_per_level: tuple[int, ...] = ()
 
     @property
     def num_devices(self) -> int:
@@ -84,6 +89,14 @@ class Plan:
     @property
     def total_bytes(self) -> float:
         return float(sum(self.bytes_per_level))
+
+    @property
+    def predicted_bytes(self) -> int | None:
+        """Bytes the emitted step moves (the ledger's step total); None until priced."""
+        return sum(self.predicted_per_level) if self.predicted_per_level else None
+
+    def with_prediction(self, per_level: tuple[int, ...]) -> "Plan":
+        return dataclasses.replace(self, predicted_per_level=tuple(int(b) for b in per_level))
 
     @property
     def transfer_seconds(self) -> float:
@@ -124,6 +137,7 @@ class Plan:
             for lvl in data.pop("levels"))
         topology = tuple(tuple(level) for level in data.pop("topology"))
         peaks = tuple(data.pop("per_device_peak_bytes", ()))
+        data["predicted_per_level"] = tuple(data.get("predicted_per_level", ()))
         data.setdefault("search_seconds", 0.0)
         return Plan(topology=topology, levels=levels, per_device_peak_bytes=peaks, **data)
 
@@ -143,7 +157,9 @@ class Plan:
     def __str__(self) -> str:
         lines = [f"Plan for {self.num_devices} devices "
                  f"({'x'.join(str(lvl.ways) for lvl in self.levels)}): "
-                 f"{human_bytes(self.total_bytes)} moved per step, {self.num_ops} ops in "
+                 f"{human_bytes(self.total_bytes)} moved per step (search model"
+                 + (f"; the emitted step moves {human_bytes(self.predicted_bytes)}"
+                    if self.predicted_per_level else "") + f"), {self.num_ops} ops in "
                  f"{self.num_groups} groups, variables {self.variable_storage}, searched in "
                  f"{self.search_seconds:.2f} s"
                  + ("" if self.exact else " (DP fallback used: not proven optimal)")]
@@ -154,7 +170,9 @@ class Plan:
                          f"{human_bytes(self.single_device_peak_bytes / self.num_devices)})")
         for i, level in enumerate(self.levels):
             lines.append(f"  level {i + 1}: {level.ways}-way cut x {level.groups} group(s): "
-                         f"{human_bytes(level.total_bytes)}")
+                         f"{human_bytes(level.total_bytes)}"
+                         + (f" (emitted step: {human_bytes(self.predicted_per_level[i])})"
+                            if self.predicted_per_level else ""))
         lines.append("  heaviest tensor groups:")
         for g, total, transfers in self.heaviest_groups():
             top = transfers[0]
@@ -256,5 +274,4 @@ def _make_plan(graph: Graph, topology: Topology, options: Options) -> Plan:
     else:
         result = search_within_budget(graph, topology, options)
     plan = plan_from_search(result, graph)
-    return Plan(**{**{f: getattr(plan, f) for f in plan.__dataclass_fields__},
-                   "search_seconds": time.perf_counter() - start})
+    return dataclasses.replace(plan, search_seconds=time.perf_counter() - start)

@@ -1,0 +1,252 @@
+"""The bytes a partitioned step moves between devices, predicted from the Partition alone.
+
+The search prices each level's cut inside its groups (search/cost.py), as Tofu's recursion
+does; the emitted graph moves every region directly from a device that holds it, so over
+several levels the two differ (by a few percent either way on the reference models). This
+module prices the layout the emitter realises, from the per-device boxes (no TensorFlow),
+with the rules the emitter follows:
+
+- read: an op on device d reads box B of a tensor stored as S_d on d. B within S_d moves
+  nothing; otherwise every element of B outside S_d comes from another device:
+  |B| - |B ∩ S_d| elements. A variable read off its shard (ReadVariableOp) alike.
+- convert: a tensor's stored box S_e on device e, assembled from what the devices produced
+  (P_e on e): |S_e| - |S_e ∩ P_e|, once per device where the stored box is used. It is used
+  on d by a read within S_d, on every device by a read outside any S_d, and by every fetch.
+- reduce: a partial result over levels Λ (rewrite/collectives.py): reduce-scatter, innermost
+  level of Λ first — each member of a level group receives every other member's copy of the
+  pieces destined to its side; then all-gather, outermost first, at the levels where the
+  tensor is Replicated — each member receives the pieces (by distinct box) it lacks. With V2
+  collectives (a reduction group whose levels are all Replicated): one ring all-reduce per
+  group, 2 (g - 1) |D| / g per member of g. The stored box is then assembled from the reduced
+  pieces the device holds: |S_e| - |S_e ∩ ∪ held_e|.
+
+Each transfer is attributed to the outermost level at which its two devices differ (the
+link it crosses). Feeds and fetched results are outside the step, as in the ledger.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Mapping, Sequence
+
+from tofu_tf.graph import DTYPE_SIZES, Graph
+from tofu_tf.op_semantics.catalog import OpEntry
+from tofu_tf.rewrite.partition import Box, DeviceOp, Partition, parse_state, reduce_target
+from tofu_tf.search.cost import box_volume
+from tofu_tf.search.plan import Plan
+
+V2_REDUCERS = frozenset({"sum", "mean", "max", "min", "prod"})
+
+
+def predict_bytes(graph: Graph, entries: Mapping[str, OpEntry], plan: Plan,
+                  parts: Partition, *, use_v2: bool = False,
+                  expose: Sequence[str] = ()) -> tuple[int, ...]:
+    """Bytes the step emitted for `plan` (whose partition is `parts`) moves, per level.
+    `use_v2`: partial results reduce with V2 collectives; `expose`: tensors also
+    assembled on device 0 (their stored boxes are used)."""
+    def states(t: str) -> list[str]:
+        return [plan.state(level, t) for level in range(len(plan.levels))]
+    return _Pricer(graph, entries, parts, states, use_v2).run(expose)
+
+
+class _Pricer:
+    def __init__(self, graph: Graph, entries, parts: Partition, plan_states, use_v2: bool):
+        self.graph, self.entries, self.parts = graph, entries, parts
+        self.plan_states, self.use_v2 = plan_states, use_v2
+        self.n = parts.num_devices
+        self.coords = [parts.coordinates(d) for d in range(self.n)]
+        self.per_level = [0] * len(parts.ways)
+        self.produced: dict[str, list[Box | None]] = {}
+        self.partial: dict[str, tuple[tuple[int, ...], str]] = {}
+        self.used: set[tuple[str, int]] = set()
+        self.held: dict[str, list[list[Box]]] = {}              # partial t -> per device
+        self.handles = {v.handle for v in graph.variables.values()}
+
+    def run(self, expose: Sequence[str]) -> tuple[int, ...]:
+        for op in self.graph:
+            for piece in self.parts.ops[op.name]:
+                self._op(op, piece)
+            for o, t in enumerate(op.outputs):
+                out = self.parts.ops[op.name][0].outputs[o]
+                if out.partial_levels:
+                    self.partial[t] = (out.partial_levels, out.reducer)
+        for t in list(self.graph.fetches) + list(expose):
+            if ":" in t:
+                for e in range(self.n):
+                    self._use(t, e)
+        return tuple(self.per_level)
+
+    def level(self, src: int, dst: int) -> int:
+        """The outermost level at which two devices differ (the link between them)."""
+        return next(i for i, (a, b) in enumerate(zip(self.coords[src], self.coords[dst]))
+                    if a != b)
+
+    def move(self, t: str, src: int, dst: int, elements: int) -> None:
+        if src != dst and elements > 0:
+            self.per_level[self.level(src, dst)] += (
+                elements * DTYPE_SIZES.get(self.graph.tensors[t].dtype, 4))
+
+    # -- ops -------------------------------------------------------------------------------
+    def _op(self, op, piece: DeviceOp) -> None:
+        d = piece.device
+        if op.type in ("Placeholder", "Const", "VarHandleOp"):
+            if op.type != "VarHandleOp":
+                self._produce(op, piece)
+            return
+        if piece.outputs and not any(_nonempty(out.box) for out in piece.outputs):
+            self._produce(op, piece)
+            return
+        if op.type == "ReadVariableOp" and not self._own_shard(op.inputs[0], piece, 0):
+            t = op.inputs[0]
+            self._read_from(t, piece.inputs[0].data, d, self.parts.stored[t])
+            self._produce(op, piece)
+            return
+        sem = self.entries[op.name].semantics
+        if sem.updates:
+            piece = self._own_update(op, sem, piece)
+            if piece is None:
+                return
+        for i, t in enumerate(op.inputs):
+            if t in self.handles or i in piece.const_inputs:
+                continue
+            read = piece.inputs[i]
+            if read is None:
+                if t not in self.graph.constants:
+                    self._read(t, tuple((0, s) for s in self.graph.tensors[t].shape), d)
+            elif _nonempty(read.data):
+                self._read(t, read.data, d)
+        self._produce(op, piece)
+
+    def _produce(self, op, piece: DeviceOp) -> None:
+        for o, t in enumerate(op.outputs):
+            self.produced.setdefault(t, [None] * self.n)[piece.device] = piece.outputs[o].box
+
+    def _own_shard(self, t: str, piece: DeviceOp, i: int) -> bool:
+        read = piece.inputs[i]
+        return read is not None and read.data == self.parts.stored[t][piece.device] and not any(
+            p0 or p1 for p0, p1 in read.pads)
+
+    def _own_update(self, op, sem, piece: DeviceOp) -> DeviceOp | None:
+        """As the emitter: an update narrowed to the device's shard (reads narrow alike)."""
+        n_real = len(op.outputs)
+        written = [piece.outputs[n_real + u].box for u in range(len(sem.updates))]
+        owns = [self.parts.stored[op.inputs[c.alias]][piece.device] for c in sem.updates]
+        if written == owns:
+            return piece
+        if not any(_nonempty(own) for own in owns):
+            return None
+        inputs = tuple(read if read is None or not read.data else
+                       dataclasses.replace(read, data=owns[0]) for read in piece.inputs)
+        return dataclasses.replace(piece, inputs=inputs)
+
+    # -- reads and stored boxes ------------------------------------------------------------
+    def _read(self, t: str, box: Box, d: int) -> None:
+        stored = self.parts.stored[t]
+        if _contains(stored[d], box):
+            self._use(t, d)
+            return
+        for e in range(self.n):
+            self._use(t, e)
+        self._read_from(t, box, d, stored)
+
+    def _read_from(self, t: str, box: Box, d: int, sources: Sequence[Box]) -> None:
+        """Box of t on d from per-device boxes: what d lacks comes from the holders."""
+        self._receive(t, box, d, [(e, [b]) for e, b in enumerate(sources)])
+
+    def _use(self, t: str, e: int) -> None:
+        if (t, e) in self.used:
+            return
+        self.used.add((t, e))
+        box = self.parts.stored[t][e]
+        if t in self.partial:
+            held = self._reduce(t)
+            self._receive(t, box, e, list(enumerate(held)))
+        else:
+            produced = self.produced.get(t, [None] * self.n)
+            self._receive(t, box, e, [(f, [b] if b is not None else [])
+                                      for f, b in enumerate(produced)])
+
+    def _receive(self, t: str, box: Box, d: int, holders: Sequence[tuple[int, list[Box]]]
+                 ) -> None:
+        """Device d assembles `box` of t: every element it lacks comes from the holder the
+        emitter picks for it (its own first, then the longest shared level prefix)."""
+        mine = [h for e, boxes in holders if e == d for h in boxes]
+        if any(_contains(h, box) for h in mine) or not _nonempty(box):
+            return
+        cuts = [sorted({lo, hi} | {x for _, boxes in holders for b in boxes for x in b[k]
+                                   if lo < x < hi}) for k, (lo, hi) in enumerate(box)]
+        for cell in itertools.product(*(list(zip(c[:-1], c[1:])) for c in cuts)):
+            if any(_contains(h, cell) for h in mine):
+                continue
+            sources = [e for e, boxes in holders if any(_contains(b, cell) for b in boxes)]
+            if sources:
+                src = max(sources, key=lambda e: (_prefix(self.coords[e], self.coords[d]), -e))
+                self.move(t, src, d, box_volume(cell))
+
+    # -- partial results -------------------------------------------------------------------
+    def _reduce(self, t: str) -> list[list[Box]]:
+        """The reduced pieces each device holds (moves priced once per tensor)."""
+        if t in self.held:
+            return self.held[t]
+        levels, reducer = self.partial[t]
+        levels = tuple(sorted(levels))
+        states = [parse_state(s) for s in self.plan_states(t)]
+        produced = self.produced[t]
+        if self.use_v2 and reducer in V2_REDUCERS and all(
+                states[level].kind == "replicated" for level in levels):
+            self.held[t] = self._all_reduce(t, levels, produced)
+            return self.held[t]
+        group = self.parts.group
+        targets = [reduce_target(produced[d], levels, states, self.coords[d], self.parts.ways)
+                   for d in range(self.n)]
+        pieces = {d: [e for e in group(d, levels) if targets[e] is not None]
+                  for d in range(self.n)}
+        for level in reversed(levels):                       # reduce-scatter, inner first
+            new = {}
+            for d in range(self.n):
+                mine = [e for e in pieces[d] if self.coords[e][level] == self.coords[d][level]]
+                for e in sorted(mine):
+                    for m in group(d, (level,)):
+                        self.move(t, m, d, box_volume(targets[e]))
+                new[d] = sorted(mine)
+            pieces = new
+        for level in levels:                                 # all-gather where replicated
+            if states[level].kind != "replicated":
+                continue
+            new = {d: list(p) for d, p in pieces.items()}
+            for d in range(self.n):
+                boxes = {targets[e] for e in new[d]}
+                for m in group(d, (level,)):
+                    for e in pieces[m]:
+                        if e in new[d] or targets[e] in boxes:
+                            continue
+                        self.move(t, m, d, box_volume(targets[e]))
+                        new[d].append(e)
+                        boxes.add(targets[e])
+            pieces = new
+        self.held[t] = [[targets[e] for e in pieces[d]] for d in range(self.n)]
+        return self.held[t]
+
+    def _all_reduce(self, t: str, levels, produced) -> list[list[Box]]:
+        itemsize = DTYPE_SIZES.get(self.graph.tensors[t].dtype, 4)
+        for d in range(self.n):
+            group = self.parts.group(d, levels)
+            size = len(group)
+            nbytes = 2 * (size - 1) * box_volume(produced[d]) * itemsize // size
+            src = group[(group.index(d) - 1) % size]
+            if src != d and nbytes:
+                self.per_level[self.level(src, d)] += nbytes
+        return [[produced[d]] for d in range(self.n)]
+
+
+def _contains(outer: Box, inner: Box) -> bool:
+    return all(a <= c and d <= b for (a, b), (c, d) in zip(outer, inner))
+
+
+def _nonempty(box: Box) -> bool:
+    return all(b > a for a, b in box)
+
+
+def _prefix(a, b) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
