@@ -10,13 +10,15 @@ optimizer code asks it for every float variable, constant and zero state it make
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework.graph_pb2 import GraphDef
-from tensorflow.python.ops import gen_array_ops, gen_stateless_random_ops_v2
+from tensorflow.python.ops import (gen_array_ops, gen_resource_variable_ops,
+                                   gen_stateless_random_ops_v2)
 
 from tofu_tf.errors import TofuError
 
@@ -134,6 +136,8 @@ class VariableStore:
         self._names.add(name)
         shape = [int(d) for d in shape]
         initial = self._initial_value(shape, float(init_scale), float(offset))
+        if self.graph_only:
+            return GraphVariable(initial, name, trainable)
         return tf.Variable(initial, name=name, trainable=trainable, dtype=self.dtype)
 
     def _initial_value(self, shape, init_scale, offset):
@@ -174,6 +178,74 @@ class VariableStore:
             with tf.init_scope(), tf.name_scope(INITIAL_VALUES_SCOPE):
                 constant = self._constants[key] = tf.constant(value, dtype)
         return constant
+
+
+class GraphVariable:
+    """A graph-only variable: the VarHandleOp and its Assign initializer that tf.Variable
+    makes, under the same names, and reads and assignments as tf.Variable emits them,
+    without its per-variable bookkeeping (an IsInitialized op, a snapshot read, a walk
+    of the initial value's graph), which a planner graph never runs. Reads of a trainable
+    variable are differentiated through its handle (`watch` it on the tape)."""
+
+    def __init__(self, initial: tf.Tensor, name: str, trainable: bool):
+        self.trainable = trainable
+        self.dtype = initial.dtype
+        self.shape = initial.shape
+        with tf.name_scope(name) as scope:
+            self._name = scope[:-1]
+            self.handle = gen_resource_variable_ops.var_handle_op(
+                dtype=self.dtype, shape=self.shape, shared_name=self._name, debug_name=scope,
+                name=scope)
+            self.initializer = gen_resource_variable_ops.assign_variable_op(
+                self.handle, initial, name="Assign")
+
+    @property
+    def name(self) -> str:
+        return self._name + ":0"
+
+    def value(self) -> tf.Tensor:
+        return gen_resource_variable_ops.read_variable_op(self.handle, self.dtype)
+
+    def read_value(self) -> tf.Tensor:
+        with tf.name_scope("Read"):
+            value = self.value()
+        return tf.identity(value)
+
+    def sparse_read(self, indices, name=None) -> tf.Tensor:
+        """The rows `indices` (a ResourceGather, as tf.gather on a variable makes)."""
+        with tf.name_scope("Gather" if name is None else name) as scope:
+            return gen_resource_variable_ops.resource_gather(self.handle, indices,
+                                                             dtype=self.dtype, name=scope)
+
+    def assign(self, value, read_value: bool = False):
+        return self._write(functools.partial(gen_resource_variable_ops.assign_variable_op,
+                                             validate_shape=True), value, read_value)
+
+    def assign_add(self, value, read_value: bool = False):
+        return self._write(gen_resource_variable_ops.assign_add_variable_op, value, read_value)
+
+    def assign_sub(self, value, read_value: bool = False):
+        return self._write(gen_resource_variable_ops.assign_sub_variable_op, value, read_value)
+
+    def _write(self, op, value, read_value: bool):
+        if read_value:
+            raise TofuError("a graph-only variable's assignment does not read it back.",
+                            fix="pass read_value=False and read the variable afterwards.")
+        return op(self.handle, tf.convert_to_tensor(value, dtype=self.dtype))
+
+
+tf.register_tensor_conversion_function(
+    GraphVariable, lambda var, dtype=None, name=None, as_ref=False: var.value())
+
+
+def _read_then(operator: str):
+    def apply(self, *args):
+        return getattr(tf.Tensor, operator)(self.value(), *args)
+    return apply
+
+
+for _operator in tf.Tensor.OVERLOADABLE_OPERATORS - {"__eq__", "__ne__"}:
+    setattr(GraphVariable, _operator, _read_then(_operator))
 
 
 def _take_name(name: str) -> None:
