@@ -55,7 +55,9 @@ def html_report(plan: Plan, *, title: str = "tofu_tf plan",
     parts.append("".join(
         _bar(level.total_bytes, top, f"level {i + 1}: {level.ways}-way cut x "
              f"{level.groups} group(s): {human_bytes(level.total_bytes)}"
-             + ("" if level.exact else " (DP fallback)"))
+             + ("" if level.exact else " (DP fallback)")
+             + (f"; the emitted step moves {human_bytes(plan.predicted_per_level[i])} "
+                "over this level's links" if plan.predicted_per_level else ""))
         for i, level in enumerate(plan.levels)))
 
     parts.append(f"<h2 id='baselines'>{SECTIONS[3]}</h2>")
