@@ -48,10 +48,12 @@ def test_float32_within_tolerance(model):
 
 @pytest.mark.parametrize("model", MODELS)
 def test_one_level_ledger_equals_plan(model):
-    """One level: the search's model, the prediction and the ledger all agree."""
+    """One level: the step moves what the plan predicts, never more than the search's
+    model priced (which prices every op's read on its own; a device that already received
+    a region reads it again for free)."""
     optimized = compare(model, "sgd", num_devices=2, dtype="float64")
-    assert optimized.ledger.step_bytes == optimized.plan.total_bytes
-    assert optimized.plan.predicted_bytes == optimized.plan.total_bytes
+    assert optimized.ledger.step_bytes == optimized.plan.predicted_bytes
+    assert 0 < optimized.plan.predicted_bytes <= optimized.plan.total_bytes
 
 
 def test_topology_string():

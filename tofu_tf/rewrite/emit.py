@@ -142,6 +142,7 @@ class _Emitter:
         self.variable_of = {v.handle: v for v in graph.variables.values()}
         self.sent: set[tuple[str, int]] = set()          # (tensor in the graph, device)
         self.fed: dict[str, _Value] = {}                  # placeholder tensor -> whole feed
+        self.received: dict[str, dict[int, list[_Value]]] = {}   # t -> device -> cells
 
     # -- driver ----------------------------------------------------------------------------
     def run(self, expose: Sequence[str] = (), sequential: bool = True) -> Emitted:
@@ -337,20 +338,25 @@ class _Emitter:
         return self.stored[key]
 
     def _assemble(self, t: str, box: Box, d: int, sources: Sequence[_Value | None],
-                  kind: str, op: str) -> Ref:
+                  kind: str, op: str, relay: bool = True) -> Ref:
         """`box` of t on device d, cut from the sources (per device) that hold it."""
         return self._assemble_pieces(t, box, d, [(e, s) for e, s in enumerate(sources)
-                                                 if s is not None], kind, op)
+                                                 if s is not None], kind, op, relay)
 
     def _assemble_pieces(self, t: str, box: Box, d: int, pieces, kind: str,
-                         op: str) -> Ref:
+                         op: str, relay: bool = True) -> Ref:
         """`box` of t on device d from [(device, value)] pieces: d's own where it holds
-        the region, else the nearest holder's."""
+        the region, else the nearest holder's. Every remote cell arrives in an Identity on
+        d (the edge the ledger records exists even if no op on d reads the region). With
+        `relay` (a tensor's value, not a variable's, which updates change), the regions
+        devices assembled from remote cells earlier are holders too, d's own included: a
+        region crosses a slow outer link once per group and spreads over inner links."""
+        if relay:
+            pieces = list(pieces) + [(e, v) for e, values in self.received.get(t, {}).items()
+                                     for v in values]
         for e, value in pieces:
             if e == d and _contains(value.box, box):
                 return self._cut(value, box, d)
-
-        sources: dict[str, int] = {}
 
         def cell_value(cell: Box) -> Ref:
             found = self._source(cell, d, pieces)
@@ -359,15 +365,16 @@ class _Emitter:
                                    node=op, fix="the plan's states do not cover the tensor.")
             src, value = found
             piece = self._cut(value, cell, src)
+            if src == d:
+                return piece
             self.send(kind, t, op, piece, src, d, cell)
-            sources[piece.name] = src
-            return piece
+            remote.append(cell)
+            return self.out.identity(piece, d, self._name(t.replace(":", "_") + "/received"))
 
+        remote: list[Box] = []
         whole = self.tile(t, box, d, [value.box for _, value in pieces], cell_value)
-        if sources.get(whole.name, d) != d:
-            # One remote cell is the whole region: an Identity on d receives it, so the
-            # edge the ledger records exists even if no op on d reads the region.
-            whole = self.out.identity(whole, d, self._name(t.replace(":", "_") + "/received"))
+        if relay and remote:
+            self.received.setdefault(t, {}).setdefault(d, []).append(_Value(whole, box))
         return whole
 
     def send(self, kind: str, t: str, op: str, piece: Ref, src: int, dst: int,
@@ -503,7 +510,7 @@ class _Emitter:
                 self.reads.setdefault((t, e), []).append(read.node)
                 self.stored[key] = _Value(read, box_e)
             sources.append(self.stored[key])
-        return self._assemble(t, box, d, sources, "fetch", op)
+        return self._assemble(t, box, d, sources, "fetch", op, relay=False)
 
     # -- fetches ---------------------------------------------------------------------------
     def _emit_fetch(self, fetch: str, rename: str | None = None) -> str:

@@ -8,11 +8,11 @@ Kinds:
 - feed:    a fed placeholder's share goes to the device that stores it;
 - result:  a fetched tensor is assembled on the first device.
 Feed and result transfers are outside the step the plan prices (`step_bytes` leaves them
-out).
+out); the step's bytes equal the plan's prediction (rewrite/pricing.py), per level.
 
-Each op's read is priced on its own, as the plan prices it. When a device already received
-the same piece for an earlier read, TensorFlow sends it once: the later entry is `shared`
-and moves nothing (`moved_bytes` counts what really crosses devices).
+A device reads a region it received before from its own copy, and records nothing. When
+one piece (the same node) still goes to a device twice, TensorFlow sends it once: the later
+entry is `shared` and moves nothing (`moved_bytes` counts what really crosses devices).
 """
 
 from __future__ import annotations

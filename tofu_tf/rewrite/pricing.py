@@ -1,24 +1,30 @@
 """The bytes a partitioned step moves between devices, predicted from the Partition alone.
 
-The search prices each level's cut inside its groups (search/cost.py), as Tofu's recursion
-does; the emitted graph moves every region directly from a device that holds it, so over
-several levels the two differ (by a few percent either way on the reference models). This
-module prices the layout the emitter realises, from the per-device boxes (no TensorFlow),
-with the rules the emitter follows:
+The search prices each level's cut inside its groups, and every op's read on its own
+(search/cost.py), as Tofu's recursion does; the emitted graph moves each region a device
+lacks from the nearest device that holds it, once, so the two differ (the emitted step
+moves 7-23% less on the reference models at 2x2x2, and up to half less over the outermost
+links). This module prices what the emitter realises, from the per-device boxes (no
+TensorFlow), with the rules the emitter follows:
 
-- read: an op on device d reads box B of a tensor stored as S_d on d. B within S_d moves
-  nothing; otherwise every element of B outside S_d comes from another device:
-  |B| - |B ∩ S_d| elements. A variable read off its shard (ReadVariableOp) alike.
+- read: an op on device d reads box B of a tensor stored as S_d on d. B within what d
+  holds moves nothing; otherwise every element of B that d lacks comes from the nearest
+  device holding it (the longest shared prefix of level coordinates). What d holds of a
+  tensor is S_d plus the regions it assembled from remote elements before (relaying: the
+  second device of a group that needs a remote region reads it from the first, over an
+  inner link). A variable read off its shard (ReadVariableOp) reads the shards only: an
+  update may change them between two reads.
 - convert: a tensor's stored box S_e on device e, assembled from what the devices produced
-  (P_e on e): |S_e| - |S_e ∩ P_e|, once per device where the stored box is used. It is used
-  on d by a read within S_d, on every device by a read outside any S_d, and by every fetch.
+  (P_e on e, and regions received before): what e lacks of S_e, once per device where the
+  stored box is used. It is used on d by a read within S_d, on every device by a read
+  outside any S_d, and by every fetch.
 - reduce: a partial result over levels Λ (rewrite/collectives.py): reduce-scatter, innermost
   level of Λ first — each member of a level group receives every other member's copy of the
   pieces destined to its side; then all-gather, outermost first, at the levels where the
   tensor is Replicated — each member receives the pieces (by distinct box) it lacks. With V2
   collectives (a reduction group whose levels are all Replicated): one ring all-reduce per
   group, 2 (g - 1) |D| / g per member of g. The stored box is then assembled from the reduced
-  pieces the device holds: |S_e| - |S_e ∩ ∪ held_e|.
+  pieces (and received regions) the device holds.
 
 Each transfer is attributed to the outermost level at which its two devices differ (the
 link it crosses). Feeds and fetched results are outside the step, as in the ledger.
@@ -61,6 +67,7 @@ class _Pricer:
         self.partial: dict[str, tuple[tuple[int, ...], str]] = {}
         self.used: set[tuple[str, int]] = set()
         self.held: dict[str, list[list[Box]]] = {}              # partial t -> per device
+        self.received: dict[str, dict[int, list[Box]]] = {}     # t -> device -> cells
         self.handles = {v.handle for v in graph.variables.values()}
 
     def run(self, expose: Sequence[str]) -> tuple[int, ...]:
@@ -99,7 +106,7 @@ class _Pricer:
             return
         if op.type == "ReadVariableOp" and not self._own_shard(op.inputs[0], piece, 0):
             t = op.inputs[0]
-            self._read_from(t, piece.inputs[0].data, d, self.parts.stored[t])
+            self._read_from(t, piece.inputs[0].data, d, self.parts.stored[t], relay=False)
             self._produce(op, piece)
             return
         sem = self.entries[op.name].semantics
@@ -150,9 +157,10 @@ class _Pricer:
             self._use(t, e)
         self._read_from(t, box, d, stored)
 
-    def _read_from(self, t: str, box: Box, d: int, sources: Sequence[Box]) -> None:
+    def _read_from(self, t: str, box: Box, d: int, sources: Sequence[Box],
+                   relay: bool = True) -> None:
         """Box of t on d from per-device boxes: what d lacks comes from the holders."""
-        self._receive(t, box, d, [(e, [b]) for e, b in enumerate(sources)])
+        self._receive(t, box, d, [(e, [b]) for e, b in enumerate(sources)], relay)
 
     def _use(self, t: str, e: int) -> None:
         if (t, e) in self.used:
@@ -167,15 +175,21 @@ class _Pricer:
             self._receive(t, box, e, [(f, [b] if b is not None else [])
                                       for f, b in enumerate(produced)])
 
-    def _receive(self, t: str, box: Box, d: int, holders: Sequence[tuple[int, list[Box]]]
-                 ) -> None:
+    def _receive(self, t: str, box: Box, d: int, holders: Sequence[tuple[int, list[Box]]],
+                 relay: bool = True) -> None:
         """Device d assembles `box` of t: every element it lacks comes from the holder the
-        emitter picks for it (its own first, then the longest shared level prefix)."""
+        emitter picks for it (its own first, then the longest shared level prefix). With
+        `relay`, the regions devices assembled from remote cells earlier hold too (and d
+        keeps this one when it received any of it)."""
+        received = self.received.setdefault(t, {})
+        if relay:
+            holders = list(holders) + [(e, cells) for e, cells in received.items()]
         mine = [h for e, boxes in holders if e == d for h in boxes]
         if any(_contains(h, box) for h in mine) or not _nonempty(box):
             return
         cuts = [sorted({lo, hi} | {x for _, boxes in holders for b in boxes for x in b[k]
                                    if lo < x < hi}) for k, (lo, hi) in enumerate(box)]
+        moved = False
         for cell in itertools.product(*(list(zip(c[:-1], c[1:])) for c in cuts)):
             if any(_contains(h, cell) for h in mine):
                 continue
@@ -183,6 +197,9 @@ class _Pricer:
             if sources:
                 src = max(sources, key=lambda e: (_prefix(self.coords[e], self.coords[d]), -e))
                 self.move(t, src, d, box_volume(cell))
+                moved = True
+        if relay and moved:
+            received.setdefault(d, []).append(box)
 
     # -- partial results -------------------------------------------------------------------
     def _reduce(self, t: str) -> list[list[Box]]:
