@@ -346,8 +346,9 @@ class _Emitter:
     def _assemble_pieces(self, t: str, box: Box, d: int, pieces, kind: str,
                          op: str, relay: bool = True) -> Ref:
         """`box` of t on device d from [(device, value)] pieces: d's own where it holds
-        the region, else the nearest holder's. Every remote cell arrives in an Identity on
-        d (the edge the ledger records exists even if no op on d reads the region). With
+        the region, else the nearest holder's. A region that is one remote cell arrives in
+        an Identity on d (the edge the ledger records exists even if no op on d reads the
+        region; several cells meet in a Concat on d). With
         `relay` (a tensor's value, not a variable's, which updates change), the regions
         devices assembled from remote cells earlier are holders too, d's own included: a
         region crosses a slow outer link once per group and spreads over inner links."""
@@ -365,14 +366,15 @@ class _Emitter:
                                    node=op, fix="the plan's states do not cover the tensor.")
             src, value = found
             piece = self._cut(value, cell, src)
-            if src == d:
-                return piece
-            self.send(kind, t, op, piece, src, d, cell)
-            remote.append(cell)
-            return self.out.identity(piece, d, self._name(t.replace(":", "_") + "/received"))
+            if src != d:
+                self.send(kind, t, op, piece, src, d, cell)
+                remote[piece.name] = src
+            return piece
 
-        remote: list[Box] = []
+        remote: dict[str, int] = {}              # remote cells: node name -> its device
         whole = self.tile(t, box, d, [value.box for _, value in pieces], cell_value)
+        if whole.name in remote:
+            whole = self.out.identity(whole, d, self._name(t.replace(":", "_") + "/received"))
         if relay and remote:
             self.received.setdefault(t, {}).setdefault(d, []).append(_Value(whole, box))
         return whole
