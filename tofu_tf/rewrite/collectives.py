@@ -40,7 +40,8 @@ def reduce_all(em, t: str, op: str) -> dict[int, dict[Box, Ref]]:
     targets: dict[int, Box | None] = {}
     for d in range(em.n):
         produced = em.produced[t][d].box
-        targets[d] = reduce_target(produced, levels, states, em.parts.coordinates(d), em.parts.ways)
+        targets[d] = reduce_target(produced, levels, states, em.parts.coordinates(d),
+                                   em.parts.ways)
     # Every device starts with its (scaled) partial result of D, cut into the targets
     # of its group: pieces are keyed by the target's owner.
     pieces: dict[int, dict[int, Ref]] = {}

@@ -142,7 +142,7 @@ class _Emitter:
         self.variable_of = {v.handle: v for v in graph.variables.values()}
         self.sent: set[tuple[str, int]] = set()          # (tensor in the graph, device)
         self.fed: dict[str, _Value] = {}                  # placeholder tensor -> whole feed
-        self.received: dict[str, dict[int, list[_Value]]] = {}   # t -> device -> cells
+        self.received: dict[str, dict[int, list[_Value]]] = {}   # t -> device -> regions
 
     # -- driver ----------------------------------------------------------------------------
     def run(self, expose: Sequence[str] = (), sequential: bool = True) -> Emitted:
@@ -348,10 +348,10 @@ class _Emitter:
         """`box` of t on device d from [(device, value)] pieces: d's own where it holds
         the region, else the nearest holder's. A region that is one remote cell arrives in
         an Identity on d (the edge the ledger records exists even if no op on d reads the
-        region; several cells meet in a Concat on d). With
-        `relay` (a tensor's value, not a variable's, which updates change), the regions
-        devices assembled from remote cells earlier are holders too, d's own included: a
-        region crosses a slow outer link once per group and spreads over inner links."""
+        region; several cells meet in a Concat on d). With `relay` (a tensor's value, not a
+        variable's, which updates change), the regions devices assembled from remote cells
+        earlier are holders too, d's own included: a region crosses a slow outer link once
+        per group and spreads over the inner links (rewrite/pricing.py prices the same)."""
         if relay:
             pieces = list(pieces) + [(e, v) for e, values in self.received.get(t, {}).items()
                                      for v in values]

@@ -67,7 +67,7 @@ class _Pricer:
         self.partial: dict[str, tuple[tuple[int, ...], str]] = {}
         self.used: set[tuple[str, int]] = set()
         self.held: dict[str, list[list[Box]]] = {}              # partial t -> per device
-        self.received: dict[str, dict[int, list[Box]]] = {}     # t -> device -> cells
+        self.received: dict[str, dict[int, list[Box]]] = {}     # t -> device -> regions
         self.handles = {v.handle for v in graph.variables.values()}
 
     def run(self, expose: Sequence[str]) -> tuple[int, ...]:
