@@ -15,12 +15,13 @@ from tofu_tf.search.plan import Plan, make_plan
 from tofu_tf.search.topology import Topology
 
 
-def _imported(model: str):
-    step = build(model, optimizer="adam", graph_only=True, batch_size=8, dtype="float64")
+def _imported(model: str, **sizes):
+    step = build(model, optimizer="adam", graph_only=True, batch_size=8, dtype="float64",
+                 **sizes)
     return step, import_graph_def(step.graph_def, step.fetches, feeds=list(step.feeds))
 
 
-@pytest.mark.parametrize("model,topology", [("transformer", "2x2x2"), ("wresnet", "4x2"),
+@pytest.mark.parametrize("model,topology", [("transformer", "2x2x2"), ("mlp", "4x2"),
                                             ("lstm", "2x3")])
 def test_prediction_before_emission_equals_ledger(model, topology):
     step, imported = _imported(model)
@@ -47,6 +48,6 @@ def test_the_verifier_catches_an_emitter_that_strays(monkeypatch):
         return nearest(self, cell, d, others) or nearest(self, cell, d, pieces)
 
     monkeypatch.setattr(emit_module._Emitter, "_source", elsewhere)
-    step, _ = _imported("wresnet")
+    step, _ = _imported("wresnet", units=(1, 1, 1, 1), image_size=16)
     with pytest.raises(RewriteError, match="plan predicts"):
         optimize(step.graph_def, step.fetches, feeds=list(step.feeds), topology="2x2x2")
