@@ -68,6 +68,13 @@ def read_results(name: str, fresh: bool) -> dict:
     return json.loads(path.read_text()) if path.exists() and not fresh else {}
 
 
+def markdown_table(header: list[str], rows: list[list]) -> str:
+    """A markdown table: the header, a rule, one line per row of already formatted cells."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
 def write_results(name: str, stored: dict, table) -> str:
     """`stored` (with this machine and command) to bench/results/<name>.json, and
     `table(stored)` to <name>.md; returns the table."""

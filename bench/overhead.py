@@ -30,7 +30,7 @@ flags.DEFINE_integer("steps", 20, "timed steps")
 flags.DEFINE_integer("warmup", 3, "untimed steps first")
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import median_seconds, write_results  # noqa: E402  (bench/common.py)
+from common import markdown_table, median_seconds, write_results  # noqa: E402  (bench/common.py)
 
 
 def measure(model: str) -> dict:
@@ -56,16 +56,13 @@ def measure(model: str) -> dict:
 
 
 def table(stored: dict) -> str:
-    lines = ["| model | devices | unpartitioned ms | partitioned ms | ratio | nodes | "
-             "partitioned nodes | search model B | predicted B | ledger B |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in stored["rows"]:
-        lines.append(f"| {r['model']} | {r['devices']} | {1e3 * r['single_seconds']:.2f} | "
-                     f"{1e3 * r['partitioned_seconds']:.2f} | {r['ratio']:.2f} | "
-                     f"{r['nodes_single']} | {r['nodes_partitioned']} | "
-                     f"{r['plan_bytes']:.0f} | {r.get('predicted_bytes', '-')} | "
-                     f"{r.get('ledger_step_bytes', '-')} |")
-    return "\n".join(lines)
+    return markdown_table(
+        ["model", "devices", "unpartitioned ms", "partitioned ms", "ratio", "nodes",
+         "partitioned nodes", "search model B", "predicted B", "ledger B"],
+        [[r["model"], r["devices"], f"{1e3 * r['single_seconds']:.2f}",
+          f"{1e3 * r['partitioned_seconds']:.2f}", f"{r['ratio']:.2f}", r["nodes_single"],
+          r["nodes_partitioned"], f"{r['plan_bytes']:.0f}", r["predicted_bytes"],
+          r["ledger_step_bytes"]] for r in stored["rows"]])
 
 
 def main(argv) -> int:

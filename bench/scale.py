@@ -21,7 +21,7 @@ from pathlib import Path
 from absl import app, flags
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import write_results  # noqa: E402
+from common import markdown_table, write_results  # noqa: E402
 
 flags.DEFINE_list("layers", ["24", "64", "128"], "transformer depths")
 flags.DEFINE_float("time_limit", 5.0, "search time limit of the last row, in seconds")
@@ -58,14 +58,12 @@ def child(layers: int, time_limit: float) -> None:
 
 
 def table(stored: dict) -> str:
-    lines = ["| layers | search limit s | graph nodes | planner ops | build s | import s | "
-             "search s | peak RSS MiB | outcome |", "|---|---|---|---|---|---|---|---|---|"]
-    for row in stored["rows"]:
-        lines.append(f"| {row['layers']} | {row['time_limit_s'] or '-'} | {row['nodes']} | "
-                     f"{row['ops']} | "
-                     f"{row['build_s']:.1f} | {row['import_s']:.1f} | {row['search_s']:.1f} | "
-                     f"{row['peak_rss_mib']:.0f} | {row['outcome']} |")
-    return "\n".join(lines)
+    return markdown_table(
+        ["layers", "search limit s", "graph nodes", "planner ops", "build s", "import s",
+         "search s", "peak RSS MiB", "outcome"],
+        [[row["layers"], row["time_limit_s"] or "-", row["nodes"], row["ops"],
+          f"{row['build_s']:.1f}", f"{row['import_s']:.1f}", f"{row['search_s']:.1f}",
+          f"{row['peak_rss_mib']:.0f}", row["outcome"]] for row in stored["rows"]])
 
 
 def main(argv) -> int:

@@ -24,7 +24,7 @@ from tensorflow.core.framework import types_pb2
 
 from tofu_tf.errors import RewriteError
 from tofu_tf.rewrite.nodedefs import Ref, str_attr, type_attr
-from tofu_tf.rewrite.partition import Box, parse_state, reduce_target
+from tofu_tf.rewrite.partition import Box, all_reduces, parse_state, reduce_target
 from tofu_tf.search.cost import box_volume
 
 
@@ -33,8 +33,7 @@ def reduce_all(em, t: str, op: str) -> dict[int, dict[Box, Ref]]:
     levels, reducer = em.partial[t]
     levels = tuple(sorted(levels))
     states = [parse_state(s) for s in em.plan_states(t)]
-    if em.use_v2 and reducer in V2_MERGE and all(states[level].kind == "replicated"
-                                                 for level in levels):
+    if all_reduces(em.use_v2, reducer, levels, states):
         return _all_reduce_v2(em, t, op, levels, reducer)
     held: dict[int, dict[Box, Ref]] = {}
     targets: dict[int, Box | None] = {}

@@ -25,7 +25,6 @@ shapes the partition knows; a region that is a whole value is that value (no Sli
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import itertools
 from dataclasses import dataclass
@@ -42,7 +41,8 @@ from tofu_tf.options import Collectives
 from tofu_tf.rewrite import collectives
 from tofu_tf.rewrite.ledger import Ledger
 from tofu_tf.rewrite.nodedefs import GraphBuilder, Ref, dtype_enum
-from tofu_tf.rewrite.partition import Box, DeviceOp, Partition, partition
+from tofu_tf.rewrite.partition import (Box, DeviceOp, Partition, contains, narrow_update,
+                                      nonempty, own_shard, partition, shared_prefix)
 from tofu_tf.rewrite.tf_attrs import to_attr_value
 from tofu_tf.search.cost import box_volume
 from tofu_tf.search.plan import Plan
@@ -191,13 +191,13 @@ class _Emitter:
             return self._emit_handle(op, node, piece)
         if op.type == "Const":
             return self._emit_const(op, node, piece)
-        if piece.outputs and not any(_nonempty(out.box) for out in piece.outputs):
+        if piece.outputs and not any(nonempty(out.box) for out in piece.outputs):
             for o, t in enumerate(op.outputs):        # an empty part computes nothing
                 box = piece.outputs[o].box
                 self.produced.setdefault(t, [None] * self.n)[d] = _Value(
                     self._zeros(box, t, d, op.name + "/empty"), box)
             return None
-        if op.type == "ReadVariableOp" and not self._own_shard(op.inputs[0], piece, 0):
+        if op.type == "ReadVariableOp" and not own_shard(piece, 0, self.parts.stored[op.inputs[0]][d]):
             value = self._resource_value(op.inputs[0], piece.inputs[0].data, d, op.name,
                                          self._controls(op))
             self.produced.setdefault(op.outputs[0], [None] * self.n)[d] = _Value(
@@ -205,7 +205,7 @@ class _Emitter:
             return value.node
         sem = self.entries[op.name].semantics
         if sem.updates:
-            piece = self._own_update(op, sem, piece)
+            piece = narrow_update(op, sem, piece, self.parts.stored)
             if piece is None:
                 return None                   # the device stores none of the variable
         inputs = [self._input(op, piece, i, t) for i, t in enumerate(op.inputs)]
@@ -235,36 +235,6 @@ class _Emitter:
                                    "shape inference to succeed on it.")
         return piece.result_shapes or ()
 
-    def _own_update(self, op, sem, piece: DeviceOp) -> DeviceOp | None:
-        """The update narrowed to the shard the device stores: a part that computes more
-        than its shard (a level ran whole) writes only its shard. Element-wise updates
-        read their other inputs over the written region, so those narrow alike."""
-        n_real = len(op.outputs)
-        written = [(c.alias, piece.outputs[n_real + u].box) for u, c in enumerate(sem.updates)]
-        owns = [self.parts.stored[op.inputs[alias]][piece.device] for alias, _ in written]
-        if all(box == own for (_, box), own in zip(written, owns)):
-            return piece
-        if not any(_nonempty(own) for own in owns):
-            return None
-        box, own = written[0][1], owns[0]
-        if any(b != box for _, b in written) or any(o != own for o in owns):
-            raise RewriteError("its updates write different regions on one device.",
-                               node=op.name, op_type=op.type)
-        inputs = list(piece.inputs)
-        for i, read in enumerate(piece.inputs):
-            if read is None or not read.data:
-                continue
-            if read.data != box or any(p0 or p1 for p0, p1 in read.pads):
-                raise RewriteError(f"input {i} is not read element-wise with the update, "
-                                   "so the update cannot narrow to the device's shard.",
-                                   node=op.name, op_type=op.type,
-                                   fix="describe the op so its parts match the shards.")
-            inputs[i] = dataclasses.replace(read, data=own)
-        outputs = list(piece.outputs)
-        for u in range(len(written)):
-            outputs[n_real + u] = dataclasses.replace(outputs[n_real + u], box=own)
-        return dataclasses.replace(piece, inputs=tuple(inputs), outputs=tuple(outputs))
-
     def _update_controls(self, op, piece: DeviceOp) -> list[str]:
         """An in-place update waits for every read of the shard it writes."""
         sem = self.entries[op.name].semantics
@@ -284,7 +254,7 @@ class _Emitter:
         d = piece.device
         spec = self.graph.tensors[t]
         if t in self.variable_of:
-            if not self._own_shard(t, piece, i):
+            if not own_shard(piece, i, self.parts.stored[t][d]):
                 raise RewriteError(
                     f"input {i} needs the variable region {piece.inputs[i].data} on device "
                     f"{d}, which stores {self.parts.stored[t][d]}.", node=op.name,
@@ -299,7 +269,7 @@ class _Emitter:
                                       op.name + "/c")
             full = tuple((0, n) for n in spec.shape)
             return self._read(t, full, d, op.name)
-        value = self._read(t, read.data, d, op.name) if _nonempty(read.data) else None
+        value = self._read(t, read.data, d, op.name) if nonempty(read.data) else None
         if any(p0 or p1 for p0, p1 in read.pads):
             fill = read.fill if read.fill is not None else 0
             if value is None:
@@ -311,16 +281,10 @@ class _Emitter:
                                  self._name(op.name + "/empty"))
         return value
 
-    def _own_shard(self, t: str, piece: DeviceOp, i: int) -> bool:
-        read = piece.inputs[i]
-        own = self.parts.stored[t][piece.device]
-        return read is not None and read.data == own and not any(
-            p0 or p1 for p0, p1 in read.pads)
-
     def _read(self, t: str, box: Box, d: int, op: str) -> Ref:
         """The region `box` of tensor t on device d, from the devices storing it (only
         d's own stored box is materialised when it holds the region)."""
-        if _contains(self.parts.stored[t][d], box):
+        if contains(self.parts.stored[t][d], box):
             return self._cut(self._stored(t, d, op), box, d)
         sources = [self._stored(t, e, op) for e in range(self.n)]
         return self._assemble(t, box, d, sources, "fetch", op)
@@ -356,7 +320,7 @@ class _Emitter:
             pieces = list(pieces) + [(e, v) for e, values in self.received.get(t, {}).items()
                                      for v in values]
         for e, value in pieces:
-            if e == d and _contains(value.box, box):
+            if e == d and contains(value.box, box):
                 return self._cut(value, box, d)
 
         def cell_value(cell: Box) -> Ref:
@@ -390,7 +354,7 @@ class _Emitter:
     def tile(self, t: str, box: Box, d: int, boxes: Sequence[Box], cell_value) -> Ref:
         """`box` on device d from cells: the grid that the edges of `boxes` cut it into;
         `cell_value(cell)` gives each cell's tensor, concatenated here on device d."""
-        if not _nonempty(box):
+        if not nonempty(box):
             return self._zeros(box, t, d, "empty")
         cuts = [sorted({lo, hi} | {x for b in boxes for x in b[k] if lo < x < hi})
                 for k, (lo, hi) in enumerate(box)]
@@ -410,11 +374,11 @@ class _Emitter:
     def _source(self, cell: Box, d: int, pieces):
         """(device, value) to read a cell from: d's own if it holds it, else the nearest
         holder's (sharing the longest prefix of level coordinates); None if none."""
-        holders = [(e, v) for e, v in pieces if _contains(v.box, cell)]
+        holders = [(e, v) for e, v in pieces if contains(v.box, cell)]
         if not holders:
             return None
         mine = self.coordinates[d]
-        return max(holders, key=lambda ev: (ev[0] == d, _prefix(self.coordinates[ev[0]], mine),
+        return max(holders, key=lambda ev: (ev[0] == d, shared_prefix(self.coordinates[ev[0]], mine),
                                             -ev[0]))
 
     def _cut(self, value: _Value, box: Box, d: int) -> Ref:
@@ -571,26 +535,6 @@ def _local_attrs(op, node, local_attrs) -> dict:
             continue
         attrs[key] = to_attr_value(node.attr[key] if key in node.attr else None, value)
     return attrs
-
-
-def _contains(outer: Box, inner: Box) -> bool:
-    for (a, b), (c, d) in zip(outer, inner):
-        if c < a or d > b:
-            return False
-    return True
-
-
-def _nonempty(box: Box) -> bool:
-    return all(b > a for a, b in box)
-
-
-def _prefix(a, b) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _bytes(box: Box, dtype: str) -> int:

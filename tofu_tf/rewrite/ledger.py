@@ -17,6 +17,7 @@ entry is `shared` and moves nothing (`moved_bytes` counts what really crosses de
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -68,11 +69,12 @@ class Ledger:
     def step_bytes_per_level(self, ways: tuple[int, ...]) -> tuple[int, ...]:
         """Step bytes per topology level: each transfer counts at the outermost level at
         which its two devices differ (the link it crosses)."""
+        coords = [coordinates(d, ways) for d in range(math.prod(ways))]
         per_level = [0] * len(ways)
         for t in self.transfers:
             if t.kind in STEP_KINDS:
-                a, b = coordinates(t.src, ways), coordinates(t.dst, ways)
-                per_level[next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)] += t.bytes
+                pairs = zip(coords[t.src], coords[t.dst])
+                per_level[next(i for i, (x, y) in enumerate(pairs) if x != y)] += t.bytes
         return tuple(per_level)
 
     def by_kind(self) -> dict[str, int]:

@@ -146,6 +146,72 @@ def reduce_target(box: Box, levels, states, coords, ways) -> Box | None:
     return tuple(box)
 
 
+# -- what the emitter and the pricer (rewrite/pricing.py) decide alike ---------------------
+
+# Reducers one CollectiveReduceV2 combines (its merge_op in rewrite/collectives.py).
+V2_REDUCERS = ("sum", "mean", "max", "min", "prod")
+
+
+def all_reduces(use_v2: bool, reducer: str, levels, states: list[OutputState]) -> bool:
+    """Whether a partial result over `levels` reduces by one V2 all-reduce per group (its
+    levels all Replicated), not by the hierarchical reduce-scatter and all-gather."""
+    return use_v2 and reducer in V2_REDUCERS and all(states[level].kind == "replicated"
+                                                     for level in levels)
+
+
+def contains(outer: Box, inner: Box) -> bool:
+    return all(a <= c and d <= b for (a, b), (c, d) in zip(outer, inner))
+
+
+def nonempty(box: Box) -> bool:
+    return all(b > a for a, b in box)
+
+
+def shared_prefix(a, b) -> int:
+    """How many leading level coordinates two devices share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+
+
+def own_shard(piece: DeviceOp, i: int, stored: Box) -> bool:
+    """Whether input i of the device op reads exactly the shard its device stores."""
+    read = piece.inputs[i]
+    return read is not None and read.data == stored and not any(
+        p0 or p1 for p0, p1 in read.pads)
+
+
+def narrow_update(op, sem: Semantics, piece: DeviceOp,
+                  stored: Mapping[str, tuple[Box, ...]]) -> DeviceOp | None:
+    """The in-place update narrowed to the shard its device stores (None: it stores none):
+    a part that computes more than its shard (a level ran whole) writes only its shard.
+    Element-wise updates read their other inputs over the written region, so those narrow
+    alike."""
+    n_real = len(op.outputs)
+    written = [(c.alias, piece.outputs[n_real + u].box) for u, c in enumerate(sem.updates)]
+    owns = [stored[op.inputs[alias]][piece.device] for alias, _ in written]
+    if all(box == own for (_, box), own in zip(written, owns)):
+        return piece
+    if not any(nonempty(own) for own in owns):
+        return None
+    box, own = written[0][1], owns[0]
+    if any(b != box for _, b in written) or any(o != own for o in owns):
+        raise RewriteError("its updates write different regions on one device.",
+                           node=op.name, op_type=op.type)
+    inputs = list(piece.inputs)
+    for i, read in enumerate(piece.inputs):
+        if read is None or not read.data:
+            continue
+        if read.data != box or any(p0 or p1 for p0, p1 in read.pads):
+            raise RewriteError(f"input {i} is not read element-wise with the update, "
+                               "so the update cannot narrow to the device's shard.",
+                               node=op.name, op_type=op.type,
+                               fix="describe the op so its parts match the shards.")
+        inputs[i] = dataclasses.replace(read, data=own)
+    outputs = list(piece.outputs)
+    for u in range(len(written)):
+        outputs[n_real + u] = dataclasses.replace(outputs[n_real + u], box=own)
+    return dataclasses.replace(piece, inputs=tuple(inputs), outputs=tuple(outputs))
+
+
 ResultShapes = Callable[[str, LocalOp, list], "list[tuple[int, ...]] | None"]
 
 

@@ -32,17 +32,16 @@ link it crosses). Feeds and fetched results are outside the step, as in the ledg
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from typing import Mapping, Sequence
 
 from tofu_tf.graph import DTYPE_SIZES, Graph
 from tofu_tf.op_semantics.catalog import OpEntry
-from tofu_tf.rewrite.partition import Box, DeviceOp, Partition, parse_state, reduce_target
+from tofu_tf.rewrite.partition import (Box, DeviceOp, Partition, all_reduces, contains,
+                                      narrow_update, nonempty, own_shard, parse_state,
+                                      reduce_target, shared_prefix)
 from tofu_tf.search.cost import box_volume
 from tofu_tf.search.plan import Plan
-
-V2_REDUCERS = frozenset({"sum", "mean", "max", "min", "prod"})
 
 
 def predict_bytes(graph: Graph, entries: Mapping[str, OpEntry], plan: Plan,
@@ -101,17 +100,17 @@ class _Pricer:
             if op.type != "VarHandleOp":
                 self._produce(op, piece)
             return
-        if piece.outputs and not any(_nonempty(out.box) for out in piece.outputs):
+        if piece.outputs and not any(nonempty(out.box) for out in piece.outputs):
             self._produce(op, piece)
             return
-        if op.type == "ReadVariableOp" and not self._own_shard(op.inputs[0], piece, 0):
+        if op.type == "ReadVariableOp" and not own_shard(piece, 0, self.parts.stored[op.inputs[0]][d]):
             t = op.inputs[0]
             self._read_from(t, piece.inputs[0].data, d, self.parts.stored[t], relay=False)
             self._produce(op, piece)
             return
         sem = self.entries[op.name].semantics
         if sem.updates:
-            piece = self._own_update(op, sem, piece)
+            piece = narrow_update(op, sem, piece, self.parts.stored)
             if piece is None:
                 return
         for i, t in enumerate(op.inputs):
@@ -121,7 +120,7 @@ class _Pricer:
             if read is None:
                 if t not in self.graph.constants:
                     self._read(t, tuple((0, s) for s in self.graph.tensors[t].shape), d)
-            elif _nonempty(read.data):
+            elif nonempty(read.data):
                 self._read(t, read.data, d)
         self._produce(op, piece)
 
@@ -129,28 +128,10 @@ class _Pricer:
         for o, t in enumerate(op.outputs):
             self.produced.setdefault(t, [None] * self.n)[piece.device] = piece.outputs[o].box
 
-    def _own_shard(self, t: str, piece: DeviceOp, i: int) -> bool:
-        read = piece.inputs[i]
-        return read is not None and read.data == self.parts.stored[t][piece.device] and not any(
-            p0 or p1 for p0, p1 in read.pads)
-
-    def _own_update(self, op, sem, piece: DeviceOp) -> DeviceOp | None:
-        """As the emitter: an update narrowed to the device's shard (reads narrow alike)."""
-        n_real = len(op.outputs)
-        written = [piece.outputs[n_real + u].box for u in range(len(sem.updates))]
-        owns = [self.parts.stored[op.inputs[c.alias]][piece.device] for c in sem.updates]
-        if written == owns:
-            return piece
-        if not any(_nonempty(own) for own in owns):
-            return None
-        inputs = tuple(read if read is None or not read.data else
-                       dataclasses.replace(read, data=owns[0]) for read in piece.inputs)
-        return dataclasses.replace(piece, inputs=inputs)
-
     # -- reads and stored boxes ------------------------------------------------------------
     def _read(self, t: str, box: Box, d: int) -> None:
         stored = self.parts.stored[t]
-        if _contains(stored[d], box):
+        if contains(stored[d], box):
             self._use(t, d)
             return
         for e in range(self.n):
@@ -185,17 +166,17 @@ class _Pricer:
         if relay:
             holders = list(holders) + [(e, cells) for e, cells in received.items()]
         mine = [h for e, boxes in holders if e == d for h in boxes]
-        if any(_contains(h, box) for h in mine) or not _nonempty(box):
+        if any(contains(h, box) for h in mine) or not nonempty(box):
             return
         cuts = [sorted({lo, hi} | {x for _, boxes in holders for b in boxes for x in b[k]
                                    if lo < x < hi}) for k, (lo, hi) in enumerate(box)]
         moved = False
         for cell in itertools.product(*(list(zip(c[:-1], c[1:])) for c in cuts)):
-            if any(_contains(h, cell) for h in mine):
+            if any(contains(h, cell) for h in mine):
                 continue
-            sources = [e for e, boxes in holders if any(_contains(b, cell) for b in boxes)]
+            sources = [e for e, boxes in holders if any(contains(b, cell) for b in boxes)]
             if sources:
-                src = max(sources, key=lambda e: (_prefix(self.coords[e], self.coords[d]), -e))
+                src = max(sources, key=lambda e: (shared_prefix(self.coords[e], self.coords[d]), -e))
                 self.move(t, src, d, box_volume(cell))
                 moved = True
         if relay and moved:
@@ -210,8 +191,7 @@ class _Pricer:
         levels = tuple(sorted(levels))
         states = [parse_state(s) for s in self.plan_states(t)]
         produced = self.produced[t]
-        if self.use_v2 and reducer in V2_REDUCERS and all(
-                states[level].kind == "replicated" for level in levels):
+        if all_reduces(self.use_v2, reducer, levels, states):
             self.held[t] = self._all_reduce(t, levels, produced)
             return self.held[t]
         group = self.parts.group
@@ -255,15 +235,3 @@ class _Pricer:
             if src != d and nbytes:
                 self.per_level[self.level(src, d)] += nbytes
         return [[produced[d]] for d in range(self.n)]
-
-
-def _contains(outer: Box, inner: Box) -> bool:
-    return all(a <= c and d <= b for (a, b), (c, d) in zip(outer, inner))
-
-
-def _nonempty(box: Box) -> bool:
-    return all(b > a for a, b in box)
-
-
-def _prefix(a, b) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))

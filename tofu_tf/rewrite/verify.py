@@ -49,12 +49,14 @@ def verify(emitted, graph: Graph, predicted: tuple[int, ...] = ()) -> None:
         raise RewriteError(f"the graph moves {edges} bytes across devices, the ledger "
                            f"records {emitted.ledger.edge_bytes}.",
                            fix="every cross-device edge must be recorded once.")
-    ways = tuple(int(w) for w in emitted.partition.ways)
-    if predicted and emitted.ledger.step_bytes_per_level(ways) != tuple(predicted):
-        raise RewriteError(f"the step moves {emitted.ledger.step_bytes_per_level(ways)} "
-                           f"bytes per level, the plan predicts {tuple(predicted)}.",
-                           fix="the emitter and rewrite/pricing.py must follow the same "
-                               "rules.")
+    if predicted:
+        ways = tuple(int(w) for w in emitted.partition.ways)
+        moved = emitted.ledger.step_bytes_per_level(ways)
+        if moved != tuple(predicted):
+            raise RewriteError(f"the step moves {moved} bytes per level, the plan predicts "
+                               f"{tuple(predicted)}.",
+                               fix="the emitter and rewrite/pricing.py must follow the same "
+                                   "rules.")
 
 
 def _check_shards(emitted, graph: Graph, nodes) -> None:
