@@ -39,6 +39,18 @@ class TofuError(Exception):
             text += f" Fix: {fix}"
         super().__init__(text)
 
+    def __reduce__(self):
+        """Pickles with every attribute (an error raised in a worker process is re-raised
+        as it was)."""
+        return _rebuilt, (type(self), self.args, dict(self.__dict__))
+
+
+def _rebuilt(cls, args, attributes) -> TofuError:
+    error = Exception.__new__(cls)
+    error.args = args
+    error.__dict__.update(attributes)
+    return error
+
 
 class GraphImportError(TofuError):
     """The input GraphDef or function cannot become a planner Graph."""

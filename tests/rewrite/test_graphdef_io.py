@@ -414,7 +414,8 @@ def test_resnet50_training_step_imports_fast():
     imported = import_concrete_function(cf)
     seconds = time.perf_counter() - start
     stats = dict(imported.stats)
-    print(f"\nResNet50 import: {seconds:.2f} s total, Grappler {stats['grappler_seconds']:.2f} s, "
+    print(f"\nResNet50 import: {seconds:.2f} s total, Grappler "
+          f"{stats.get('grappler_seconds', 0.0):.2f} s, "
           f"nodes {stats['nodes_in']:.0f} -> {stats['nodes_out']:.0f}")
     assert seconds < 10.0
     graph = imported.graph

@@ -5,13 +5,16 @@ Pass pipeline (each pass returns a new GraphDef; the caller's is never mutated):
                  VarHandleOp(dtype, shape, shared_name), captured eager tensors -> Const;
                  GraphDef: a fed output of a non-Placeholder op -> Placeholder
   2. prune       keep the fan-in of fetches and feeds; reject control flow
-  3. Grappler    inline calls, fold shape arithmetic to Const (_normalise.GRAPPLER_PASSES)
+  3. Grappler    only where a node calls a function: inline calls, fold shape arithmetic
+                 to Const (_normalise.GRAPPLER_PASSES)
   4. clean       strip Const control inputs (`^ShapeN`), prune again, reject control flow
-  5. shapes      import into a fresh tf.Graph, read every output's static shape and dtype;
-                 an unknown dimension raises DynamicShapeError; Shape/ShapeN ops of
-                 static tensors left by constfold become Consts
-  6. structure   roles, forward_op, variables and slots (_structure.analyse)
-  7. build       attrs -> plain Python, small Const values -> Graph.constants, Graph(...)
+  5. shapes      import into a fresh graph, read every output's static shape and dtype;
+                 an unknown dimension raises DynamicShapeError
+  6. fold        Shape/ShapeN/Size/Rank of static tensors and small values computed from
+                 Consts alone become Consts; Identity, IdentityN and Reshapes to their
+                 input's shape are bypassed (_fold)
+  7. structure   roles, forward_op, variables and slots (_structure.analyse)
+  8. build       attrs -> plain Python, small Const values -> Graph.constants, Graph(...)
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from tensorflow.core.framework import graph_pb2
 from tofu_tf._gc import paused_gc
 from tofu_tf.errors import DynamicShapeError, GraphImportError
 from tofu_tf.graph import Graph, Op, Tensor, tensor_name
-from tofu_tf.rewrite import _normalise
+from tofu_tf.rewrite import _fold, _normalise
 from tofu_tf.rewrite._nodes import NodeRecord, topological_order
 from tofu_tf.rewrite._structure import Structure, analyse
 from tofu_tf.rewrite.tf_attrs import python_value
@@ -95,18 +98,24 @@ def _run_passes(graph_def, fetches, feeds, captures, start, side_effects) -> Imp
     roots = _normalise.fetch_node_names([*fetches, *feeds, *side_effects])
     graph_def = _normalise.prune(graph_def, roots)
     _normalise.reject_unsupported(graph_def, inlined=False)
-    with _timed(stats, "grappler_seconds"):
-        graph_def = _normalise.restore_order(_normalise.run_grappler(graph_def, roots),
-                                             graph_def)
-    stats["nodes_grappler"] = len(graph_def.node)
-    _check_survivors(graph_def, roots)
+    if _normalise.calls_functions(graph_def):
+        with _timed(stats, "grappler_seconds"):
+            graph_def = _normalise.restore_order(_normalise.run_grappler(graph_def, roots),
+                                                 graph_def)
+        stats["nodes_grappler"] = len(graph_def.node)
+        _check_survivors(graph_def, roots)
     graph_def = _normalise.prune(_normalise.strip_const_control_inputs(graph_def), roots)
     _normalise.reject_unsupported(graph_def)
     fetches = [*fetches, *_normalise.unreached(graph_def, fetches, side_effects)]
     with _timed(stats, "shape_seconds"):
         shapes = _static_shapes(graph_def)
-    folded = _normalise.fold_shape_ops(graph_def, shapes, keep=roots)
-    graph_def = graph_def if folded is graph_def else _normalise.prune(folded, roots)
+    with _timed(stats, "fold_seconds"):
+        folded = _normalise.fold_shape_ops(graph_def, shapes, keep=roots)
+        folded = _fold.fold_constants(folded, shapes, keep=roots,
+                                      max_elements=MAX_CONSTANT_ELEMENTS)
+        folded = _fold.bypass_forwarding(folded, shapes, keep=roots)
+    graph_def = _normalise.set_default_attrs(
+        graph_def if folded is graph_def else _normalise.prune(folded, roots))
     stats["nodes_out"] = len(graph_def.node)
     with _timed(stats, "build_seconds"):
         graph = _build_graph(graph_def, shapes, fetches)
@@ -241,11 +250,15 @@ def _unique(name: str, used: set[str]) -> str:
 # -- shapes -------------------------------------------------------------------------------
 
 def _static_shapes(graph_def: graph_pb2.GraphDef) -> dict[str, list[tuple[Shape, str]]]:
-    """Every op's output (shape, dtype name), from TensorFlow's C++ shape inference."""
+    """Every op's output (shape, dtype name), from TensorFlow's C++ shape inference.
+
+    The GraphDef goes into a fresh graph through the C API only (`_import_operations`):
+    the Python-side bookkeeping of a full `tf.graph_util.import_graph_def` (device scopes,
+    colocation, control-flow contexts, default attrs written into the caller's GraphDef)
+    costs three times the inference itself, and no pass here needs it."""
     graph = tf.Graph()
     try:
-        with graph.as_default():
-            tf.graph_util.import_graph_def(graph_def, name="")
+        operations = _import_operations(graph, graph_def)
     except (ValueError, tf.errors.OpError) as error:
         message = str(error).strip().splitlines()[0]
         match = re.search(r"[Nn]ode '?([^' :}]+)", message)
@@ -253,8 +266,48 @@ def _static_shapes(graph_def: graph_pb2.GraphDef) -> dict[str, list[tuple[Shape,
                                node=match.group(1) if match else None,
                                fix="load the ops' libraries first and make sure the GraphDef "
                                    "is complete (every input names a node).") from error
-    return {op.name: [(_shape_tuple(t.shape), t.dtype.name) for t in op.outputs]
-            for op in graph.get_operations()}
+    return {op.name: [(_shape_of(t), t.dtype.name) for t in op.outputs]
+            for op in operations}
+
+
+def _import_operations(graph: tf.Graph, graph_def: graph_pb2.GraphDef) -> list:
+    """`graph_def` imported into the empty `graph`; its operations as light Python
+    wrappers (name, outputs) over the C graph. Falls back to the public import where
+    this TensorFlow lacks the C-level entry points."""
+    try:
+        from tensorflow.python.client import pywrap_tf_session as c_api
+        from tensorflow.python.framework import c_api_util, ops
+        from_c_op, new_operations = ops.Operation._from_c_op, graph.new_operations
+    except (ImportError, AttributeError):
+        with graph.as_default():
+            tf.graph_util.import_graph_def(_copy(graph_def), name="")
+        return graph.get_operations()
+    options = c_api_util.ScopedTFImportGraphDefOptions()
+    buffer = c_api.TF_NewBufferFromString(graph_def.SerializeToString())
+    try:
+        with graph._c_graph.get() as c_graph:
+            results = c_api.TF_GraphImportGraphDefWithResults(c_graph, buffer, options.options)
+        c_api_util.ScopedTFImportGraphDefResults(results)
+    except tf.errors.InvalidArgumentError as error:
+        raise ValueError(str(error)) from error
+    finally:
+        c_api.TF_DeleteBuffer(buffer)
+    return [from_c_op(c_op=c_op, g=graph) for c_op in new_operations()]
+
+
+def _copy(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    return out
+
+
+def _shape_of(tensor) -> Shape:
+    """The static shape as a tuple (-1: unknown dim), or None for an unknown rank."""
+    raw = getattr(tensor, "_shape", None)       # (dims, unknown rank) without TensorShape
+    if not isinstance(raw, tuple):
+        return _shape_tuple(tensor.shape)
+    dims, unknown_rank = raw
+    return None if unknown_rank else tuple(-1 if d is None else d for d in dims)
 
 
 def _shape_tuple(shape: tf.TensorShape) -> Shape:

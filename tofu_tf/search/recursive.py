@@ -21,7 +21,9 @@ from dataclasses import dataclass
 
 from absl import logging
 
+from tofu_tf import _forking
 from tofu_tf._gc import paused_gc
+from tofu_tf.cc import cost_op
 from tofu_tf.errors import PlanInfeasibleError
 from tofu_tf.graph import Graph
 from tofu_tf.op_semantics.analysis import REPLICATED
@@ -35,7 +37,8 @@ from tofu_tf.search.problem import Problem, SearchCache, root_problem, sub_probl
 from tofu_tf.search.topology import Topology
 
 
-# Graphs from this many ops log each level's progress at INFO (else DEBUG).
+# Graphs from this many ops log each level's progress at INFO (else DEBUG), and search
+# the two storage policies of VariableStorage.AUTO at once, in two processes.
 LARGE_GRAPH_OPS = 2000
 
 
@@ -156,13 +159,20 @@ def _search(graph, topology, solver, entries, options, memory_weight, cache,
     policies = ([VariableStorage.REPLICABLE, VariableStorage.PARTITIONED]
                 if options.variable_storage is VariableStorage.AUTO
                 else [options.variable_storage])
-    results = []
-    for policy in policies:
-        if results and policy is VariableStorage.PARTITIONED and \
-                not results[0].replicates_variables:
-            break      # the replicable optimum is feasible and optimal for this policy too
-        results.append(_recurse(graph, topology, entries, coarse, options, policy, solver,
-                                cache, deadline))
+
+    def run(policy: VariableStorage) -> SearchResult:
+        return _recurse(graph, topology, entries, coarse, options, policy, solver, cache,
+                        deadline)
+
+    if len(policies) == 2 and len(graph) >= LARGE_GRAPH_OPS and _forking.available():
+        results = _both_policies(graph, coarse, run)
+    else:
+        results = []
+        for policy in policies:
+            if results and policy is VariableStorage.PARTITIONED and \
+                    not results[0].replicates_variables:
+                break  # the replicable optimum is feasible and optimal for this policy too
+            results.append(run(policy))
     objective = options.objective
     if memory_weight:          # memory decides too: estimate every candidate
         results = [r.with_memory(graph) for r in results]
@@ -170,6 +180,26 @@ def _search(graph, topology, solver, entries, options, memory_weight, cache,
     else:
         best = min(results, key=lambda r: r.cost(objective)).with_memory(graph)
     return dataclasses.replace(best, seconds=time.perf_counter() - start)
+
+
+def _both_policies(graph: Graph, coarse: CoarseGraph, run) -> list[SearchResult]:
+    """The replicable policy here while a forked process searches the partitioned one
+    from the same catalog and coarse graph. Its result (with its memory estimate: its last
+    level's model stays behind) counts where the replicable plan replicates a variable.
+    The child computes overlaps with NumPy (same answers): the C++ op runs in TensorFlow,
+    whose threads a fork leaves behind."""
+    def partitioned() -> SearchResult:
+        cost_op.use_backend(cost_op.Backend.NUMPY)
+        result = run(VariableStorage.PARTITIONED).with_memory(graph)
+        return dataclasses.replace(result, coarse=None, last=None)
+
+    with _forking.Forked(partitioned) as child:
+        first = run(VariableStorage.REPLICABLE)
+        if not first.replicates_variables:
+            return [first]
+        first = first.with_memory(graph)     # while the child finishes (it may not win)
+        second = child.result(fallback=lambda: run(VariableStorage.PARTITIONED))
+        return [first, dataclasses.replace(second, coarse=coarse)]
 
 
 def _recurse(graph, topology, entries, coarse, options, policy, solver,

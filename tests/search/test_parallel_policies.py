@@ -1,0 +1,96 @@
+"""The two storage policies searched in two processes give the plan of one process."""
+
+import dataclasses
+import os
+
+import pytest
+
+from tofu_tf import _forking
+from tofu_tf.errors import PlanInfeasibleError
+from tofu_tf.models import build
+from tofu_tf.options import Options, VariableStorage
+from tofu_tf.rewrite.graphdef_io import import_concrete_function
+from tofu_tf.search import recursive
+from tofu_tf.search.plan import make_plan
+from tofu_tf.search.topology import Topology
+
+pytestmark = pytest.mark.skipif(not _forking.available(), reason="the platform cannot fork")
+
+
+@pytest.fixture(scope="module")
+def graph():
+    step = build("mlp", optimizer="momentum", batch_size=8)
+    return import_concrete_function(step.concrete_function).graph
+
+
+@pytest.fixture
+def forked(monkeypatch):
+    """Every graph counts as large: the partitioned policy runs in a child process."""
+    monkeypatch.setattr(recursive, "LARGE_GRAPH_OPS", 0)
+
+
+def _summary(plan):
+    """Everything the plan says but how long its search took."""
+    return dataclasses.replace(plan, search_seconds=0.0).to_json()
+
+
+def _in_the_child(parent: int, then):
+    """A _recurse that calls `then()` in the child process and searches in the parent."""
+    real = recursive._recurse
+
+    def recurse(*args, **kwargs):
+        if os.getpid() != parent:
+            then()
+        return real(*args, **kwargs)
+    return recurse
+
+
+@pytest.mark.parametrize("devices", [4, 8])
+def test_forked_search_finds_the_sequential_plan(graph, devices, monkeypatch):
+    sequential = make_plan(graph, Topology.default(devices))
+    monkeypatch.setattr(recursive, "LARGE_GRAPH_OPS", 0)
+    parallel = make_plan(graph, Topology.default(devices))
+    assert _summary(parallel) == _summary(sequential)
+
+
+def test_the_partitioned_policy_runs_in_another_process(graph, forked, monkeypatch):
+    seen = []
+    real = recursive._recurse
+
+    def recording(*args, **kwargs):
+        seen.append(args[5])                 # the policy; the child's list is its own
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(recursive, "_recurse", recording)
+    result = recursive.search(graph, Topology.default(8))
+    assert result.replicates_variables                 # so the child's result was used
+    assert seen == [VariableStorage.REPLICABLE]
+
+
+def test_a_dead_child_is_replaced_by_a_search_here(graph, forked, monkeypatch):
+    sequential = recursive.search(graph, Topology.default(8))
+    monkeypatch.setattr(recursive, "_recurse",
+                        _in_the_child(os.getpid(), lambda: os._exit(3)))
+    result = recursive.search(graph, Topology.default(8))
+    assert (result.total_bytes, result.variable_storage) == \
+        (sequential.total_bytes, sequential.variable_storage)
+
+
+def test_an_error_in_the_child_reaches_the_caller_whole(graph, forked, monkeypatch):
+    def fail():
+        raise PlanInfeasibleError("no plan", node="x", fix="y", best_peak_bytes=7)
+
+    monkeypatch.setattr(recursive, "_recurse", _in_the_child(os.getpid(), fail))
+    with pytest.raises(PlanInfeasibleError) as caught:
+        recursive.search(graph, Topology.default(8))
+    assert (caught.value.node, caught.value.fix, caught.value.best_peak_bytes) == ("x", "y", 7)
+
+
+def test_the_child_is_not_waited_for_when_its_policy_cannot_win(graph, forked, monkeypatch):
+    """With every tensor replicable, the replicable plan is the partitioned one's too."""
+    options = Options(replicate_below=10 ** 9)
+    sequential = recursive.search(graph, Topology.default(8), options=options)
+    assert not sequential.replicates_variables
+    monkeypatch.setattr(recursive, "_recurse", _in_the_child(os.getpid(), lambda: os._exit(3)))
+    result = recursive.search(graph, Topology.default(8), options=options)
+    assert result.total_bytes == sequential.total_bytes

@@ -1,0 +1,188 @@
+"""Folding and bypassing in a flat GraphDef once its static shapes are known.
+
+    fold_constants     a node computed from Consts alone whose outputs are small (shape
+                       arithmetic, permutations, axes, BroadcastGradientArgs) -> Const;
+                       the values come from TensorFlow's own kernels (one Session run)
+    bypass_forwarding  Identity, IdentityN, and Reshape to its input's own shape: their
+                       consumers read the forwarded tensor itself
+
+Both leave the `keep` nodes (fetches, feeds, side effects) and every node with a control
+input from a non-Const alone, and return the GraphDef they are given when nothing changes.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import graph_pb2, node_def_pb2
+from tensorflow.core.protobuf import config_pb2
+from tensorflow.python.framework import errors as tf_errors
+from tensorflow.python.framework import op_def_registry
+
+from tofu_tf.errors import GraphImportError
+from tofu_tf.rewrite._normalise import _first_line, _output_index, _rebuild, const_node, node_of
+
+FORWARDING_OPS = frozenset({"Identity", "IdentityN"})
+
+
+def fold_constants(graph_def: graph_pb2.GraphDef, shapes: dict[str, list],
+                   keep: Iterable[str] = (), max_elements: int = 4096) -> graph_pb2.GraphDef:
+    """Stateless nodes whose inputs are all Consts (or folded) and whose every output has
+    at most `max_elements` elements become Consts. An output of unknown static shape
+    (BroadcastGradientArgs) is measured once computed. `shapes` is updated in place."""
+    candidates = _candidates(graph_def, shapes, set(keep), max_elements)
+    if not candidates:
+        return graph_def
+    values = _evaluate(graph_def, candidates)
+    dropped = {n.name for n in candidates
+               if any(v.size > max_elements for v in values[n.name])}
+    while dropped:                          # what reads a large value is not constant
+        more = {n.name for n in candidates if n.name not in dropped
+                and any(node_of(i) in dropped for i in n.input)}
+        if not more:
+            break
+        dropped |= more
+    replacements: dict[str, list[node_def_pb2.NodeDef]] = {}
+    renames: dict[str, str] = {}
+    for node in candidates:
+        if node.name in dropped:
+            continue
+        outputs = values[node.name]
+        names = [node.name] if len(outputs) == 1 else \
+            [f"{node.name}/folded_{i}" for i in range(len(outputs))]
+        replacements[node.name] = [const_node(n, tf.make_tensor_proto(v))
+                                   for n, v in zip(names, outputs)]
+        shapes.update({n: [(tuple(v.shape), tf.as_dtype(v.dtype).name)]
+                       for n, v in zip(names, outputs)})
+        if len(outputs) > 1:
+            renames.update({f"{node.name}:{i}": n for i, n in enumerate(names)})
+            renames[node.name] = names[0]
+    return _rebuild(graph_def, replacements, renames) if replacements else graph_def
+
+
+def _candidates(graph_def: graph_pb2.GraphDef, shapes: Mapping[str, list], keep: set[str],
+                max_elements: int) -> list[node_def_pb2.NodeDef]:
+    """The non-Const nodes whose fan-in is Consts and candidates only (depth first)."""
+    nodes = {node.name: node for node in graph_def.node}
+    status: dict[str, bool] = {}
+    entered: set[str] = set()
+
+    def constant(name: str) -> bool:
+        stack = [name]
+        while stack:
+            top = stack[-1]
+            node = nodes[top]
+            if top in status:
+                stack.pop()
+            elif top in entered:            # inputs decided (or on a cycle: not constant)
+                status[top] = all(status.get(node_of(i), False) for i in node.input)
+                stack.pop()
+            elif node.op == "Const":
+                status[top] = True
+            elif not node.input or top in keep or _stateful(node.op) or \
+                    not all(_may_be_small(shape, max_elements) for shape, _ in shapes[top]):
+                status[top] = False
+            else:
+                entered.add(top)
+                stack.extend(p for p in map(node_of, node.input) if p not in status)
+        return status[name]
+
+    return [node for node in graph_def.node if node.op != "Const" and constant(node.name)]
+
+
+def _stateful(op_type: str) -> bool:
+    """Stateful, or not a registered op (a function's name)."""
+    op_def = op_def_registry.get(op_type)
+    return op_def is None or op_def.is_stateful
+
+
+def _may_be_small(shape, max_elements: int) -> bool:
+    return shape is None or -1 in shape or int(np.prod(shape)) <= max_elements
+
+
+def _evaluate(graph_def: graph_pb2.GraphDef, nodes: list[node_def_pb2.NodeDef]
+              ) -> dict[str, list[np.ndarray]]:
+    """Every output of `nodes` (whose inputs are Consts or other `nodes`), from one
+    Session run on this process's CPU."""
+    needed = {node.name for node in nodes} | {node_of(i) for node in nodes for i in node.input}
+    sub = graph_pb2.GraphDef()
+    sub.versions.CopyFrom(graph_def.versions)
+    for node in graph_def.node:
+        if node.name in needed:
+            copy = sub.node.add()
+            copy.CopyFrom(node)
+            copy.device = ""
+            if "_class" in copy.attr:       # colocation with nodes left outside
+                del copy.attr["_class"]
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(sub, name="")
+    outputs = {node.name: graph.get_operation_by_name(node.name).outputs for node in nodes}
+    config = config_pb2.ConfigProto(inter_op_parallelism_threads=1,
+                                    intra_op_parallelism_threads=1)
+    config.graph_options.rewrite_options.disable_meta_optimizer = True
+    try:
+        with tf.compat.v1.Session(graph=graph, config=config) as session:
+            values = session.run(outputs)
+    except tf_errors.OpError as error:
+        raise GraphImportError(
+            f"an op computed from constants alone fails: {_first_line(error)}",
+            node=getattr(error.op, "name", None), op_type=getattr(error.op, "type", None),
+            fix="check the op's constant inputs (a permutation, axis or shape out of "
+                "range); the step would fail the same way when run.") from error
+    return {name: [np.asarray(v) for v in vs] for name, vs in values.items()}
+
+
+def bypass_forwarding(graph_def: graph_pb2.GraphDef, shapes: Mapping[str, list],
+                      keep: Iterable[str] = ()) -> graph_pb2.GraphDef:
+    """Consumers of Identity / IdentityN / same-shape Reshape nodes read the forwarded
+    tensors; a control input on such a node becomes one on the producers it forwards."""
+    keep = set(keep)
+    forwarded: dict[str, list[str]] = {}    # bypassed node -> the tensors it passes on
+    for node in graph_def.node:
+        if node.name in keep or any(i.startswith("^") for i in node.input):
+            continue
+        if node.op in FORWARDING_OPS or node.op == "Reshape" and _same_shape(node, shapes):
+            forwarded[node.name] = list(node.input[:1] if node.op == "Reshape" else node.input)
+    if not forwarded:
+        return graph_def
+
+    def resolve(tensor: str) -> str:
+        while node_of(tensor) in forwarded:
+            tensor = forwarded[node_of(tensor)][_output_index(tensor)]
+        return tensor
+
+    out = graph_pb2.GraphDef()
+    out.versions.CopyFrom(graph_def.versions)
+    out.library.CopyFrom(graph_def.library)
+    for node in graph_def.node:
+        if node.name in forwarded:
+            continue
+        if any(node_of(i) in forwarded for i in node.input):
+            node = _rewired(node, forwarded, resolve)
+        out.node.append(node)
+    return out
+
+
+def _same_shape(node: node_def_pb2.NodeDef, shapes: Mapping[str, list]) -> bool:
+    shape = shapes[node.name][0][0]
+    data = node.input[0]
+    return shape is not None and shapes[node_of(data)][_output_index(data)][0] == shape
+
+
+def _rewired(node: node_def_pb2.NodeDef, forwarded, resolve) -> node_def_pb2.NodeDef:
+    copy = node_def_pb2.NodeDef()
+    copy.CopyFrom(node)
+    del copy.input[:]
+    controls: list[str] = []
+    for name in node.input:
+        if not name.startswith("^"):
+            copy.input.append(resolve(name))
+        elif name[1:] in forwarded:
+            controls.extend(f"^{node_of(resolve(t))}" for t in forwarded[name[1:]])
+        else:
+            controls.append(name)
+    copy.input.extend(dict.fromkeys(controls))
+    return copy
