@@ -25,7 +25,10 @@ def _close(estimated, measured, where):
 
 @pytest.fixture(scope="module", params=MODELS)
 def step_and_values(request):
-    step = build(request.param, optimizer="adam", graph_only=True, batch_size=8)
+    """A flat step (no layer functions): TensorFlow runs a function call's body in an
+    executor of its own, whose allocations the caller's step trace does not hold."""
+    step = build(request.param, optimizer="adam", graph_only=True, batch_size=8,
+                 layer_functions=False)
     with SingleDevice(step.graph_def, step.init_op, step.fetches) as single:
         values = single.values()
     return step, values

@@ -24,10 +24,12 @@ def _nodes(step) -> dict:
 @pytest.mark.parametrize("model,optimizer", [("mlp", "momentum"), ("wresnet", "sgd"),
                                              ("lstm", "adam"), ("transformer", "adam")])
 def test_same_graph_as_tf_variable(model, optimizer, monkeypatch):
-    fast = build(model, optimizer=optimizer, graph_only=True, batch_size=8)
+    fast = build(model, optimizer=optimizer, graph_only=True, batch_size=8,
+                 layer_functions=False)
     monkeypatch.setattr(common, "GraphVariable", lambda initial, name, trainable: tf.Variable(
         initial, name=name, trainable=trainable, dtype=initial.dtype))
-    plain = build(model, optimizer=optimizer, graph_only=True, batch_size=8)
+    plain = build(model, optimizer=optimizer, graph_only=True, batch_size=8,
+                  layer_functions=False)
     assert any(n.op == "VarIsInitializedOp" for n in plain.graph_def.node)
     assert not any(n.op == "VarIsInitializedOp" for n in fast.graph_def.node)
     assert _nodes(fast) == _nodes(plain)

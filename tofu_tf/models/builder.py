@@ -27,6 +27,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.framework.graph_pb2 import GraphDef
 
 from tofu_tf._gc import paused_gc
 from tofu_tf.errors import TofuError
@@ -65,10 +66,12 @@ class _Setup:
     optimizer: OptimizerConfig
     seed: int
     dtype: str                                # "float32" or "float64"
+    layer_functions: bool                     # graph-only: one function per distinct block
 
     def prepare(self, graph_only: bool):
         """A fresh store, the model's loss_fn and the optimizer (variables made here)."""
-        store = VariableStore(graph_only=graph_only, seed=self.seed, dtype=self.dtype)
+        store = VariableStore(graph_only=graph_only, seed=self.seed, dtype=self.dtype,
+                              layer_functions=self.layer_functions)
         loss_fn = self.model.define(store, self.sizes, self.batch_size)
         return store, loss_fn, make_optimizer(self.optimizer, store)
 
@@ -78,13 +81,17 @@ class _Setup:
 
 def build_step(model: ModelDef, *, optimizer: str = "sgd", batch_size: int,
                graph_only: bool = False, seed: int = 0, learning_rate: float | None = None,
-               dtype: str = DEFAULT_DTYPE, **sizes) -> ModelStep:
+               dtype: str = DEFAULT_DTYPE, layer_functions: bool = True,
+               **sizes) -> ModelStep:
+    """`layer_functions` (graph-only): the model's repeated blocks are traced once each, as
+    functions the importer inlines (blocks.py); False builds every op directly."""
     setup = _Setup(model, model.normalize(_complete_sizes(model, sizes)),
                    check_positive_int("batch_size", batch_size),
                    optimizer_config(optimizer, learning_rate), _check_seed(seed),
-                   check_dtype(dtype))
+                   check_dtype(dtype), bool(layer_functions) and graph_only)
     config = {**setup.sizes, "batch_size": setup.batch_size, **setup.optimizer.as_dict(),
-              "seed": seed, "graph_only": graph_only, "dtype": setup.dtype}
+              "seed": seed, "graph_only": graph_only, "dtype": setup.dtype,
+              "layer_functions": setup.layer_functions}
     fields = _build_graph_only(setup) if graph_only else _build_eager(setup)
     return ModelStep(model.name, config, **fields, _sample=partial(
         model.sample, setup.sizes, setup.batch_size, setup.dtype))
@@ -139,9 +146,45 @@ def _build_graph_only(setup: _Setup) -> dict:
         store, loss_fn, optimizer = setup.prepare(graph_only=True)
         loss, train_op = train_step(loss_fn, store, optimizer, x, y)
         init_op = tf.group(*[v.initializer for v in store.variables], name=INIT_OP_NAME)
-    return {"graph_def": graph.as_graph_def(add_shapes=True),
+    return {"graph_def": canonical_function_names(graph.as_graph_def(add_shapes=True)),
             "fetches": [loss.name, train_op.name], "feeds": _feeds((x, y)),
             "init_op": init_op.name}
+
+
+def canonical_function_names(graph_def: GraphDef) -> GraphDef:
+    """Library functions renamed `block_0`, `block_1`, ... in the order the graph first
+    calls them, and the library put in that order (in place; returns it). TensorFlow names
+    a traced function after a process-wide counter and orders the library by name; with
+    these names two builds of one step give equal GraphDefs."""
+    functions = {f.signature.name: f for f in graph_def.library.function}
+    if not functions:
+        return graph_def
+    order: list[str] = []
+    for node in graph_def.node:
+        name = node.attr["f"].func.name if "f" in node.attr else None
+        if name in functions and name not in order:
+            order.append(name)
+    order += sorted(set(functions) - set(order))      # called from other functions only
+    renames = {name: f"block_{i}" for i, name in enumerate(order)}
+    kept = [type(functions[name])() for name in order]
+    for copy, name in zip(kept, order):
+        copy.CopyFrom(functions[name])
+    del graph_def.library.function[:]
+    graph_def.library.function.extend(kept)
+    for function in graph_def.library.function:
+        function.signature.name = renames[function.signature.name]
+        for key in ("forward_function_name", "backward_function_name"):
+            if key in function.attr:
+                function.attr[key].s = renames[function.attr[key].s.decode()].encode()
+        _rename_calls(function.node_def, renames)
+    _rename_calls(graph_def.node, renames)
+    return graph_def
+
+
+def _rename_calls(nodes, renames: dict[str, str]) -> None:
+    for node in nodes:
+        if "f" in node.attr and node.attr["f"].func.name in renames:
+            node.attr["f"].func.name = renames[node.attr["f"].func.name]
 
 
 def _feeds(placeholders) -> dict:

@@ -21,10 +21,12 @@ from tensorflow.python.ops import (gen_array_ops, gen_resource_variable_ops,
                                    gen_stateless_random_ops_v2)
 
 from tofu_tf.errors import TofuError
+from tofu_tf.models.blocks import Block, record_assignment
 
 FeedSpec = tuple[tuple[int, ...], str]  # (shape, dtype name)
 STEP_SETTINGS = ("batch_size", "optimizer", "learning_rate", "momentum", "beta1", "beta2",
-                 "epsilon", "seed", "graph_only", "dtype")  # config keys that are not sizes
+                 "epsilon", "seed", "graph_only", "dtype",
+                 "layer_functions")  # config keys that are not sizes
 DTYPES = ("float32", "float64")  # valid `dtype` settings; the first is the default
 DEFAULT_DTYPE = DTYPES[0]
 INITIAL_VALUES_SCOPE = "initial_values/"   # graph-only: Consts the initializers share
@@ -92,8 +94,11 @@ class VariableStore:
     non-optimizer state updates of one step (batch-norm moving statistics).
     """
 
-    def __init__(self, *, graph_only: bool, seed: int, dtype: str = DEFAULT_DTYPE):
+    def __init__(self, *, graph_only: bool, seed: int, dtype: str = DEFAULT_DTYPE,
+                 layer_functions: bool = False):
         self.graph_only = graph_only
+        self.layer_functions = layer_functions
+        self._traces: dict = {}
         self.seed = seed
         self.dtype: tf.DType = tf.as_dtype(check_dtype(dtype))
         self._rng = np.random.default_rng(seed)
@@ -126,8 +131,20 @@ class VariableStore:
         self.slot_variables.append(slot)
         return slot
 
-    def add_update(self, op: tf.Operation) -> None:
-        self.updates.append(op)
+    def add_update(self, op: tf.Operation | None) -> None:
+        """A state update of the step; None (an assignment a block's trace records, made
+        after the block's call) adds nothing."""
+        if op is not None:
+            self.updates.append(op)
+
+    def block(self, name: str, key, make: Callable[[], Callable]) -> Block:
+        """The block `make()` builds (its variables and apply), called as one function per
+        distinct `key` in a graph-only build with layer functions (blocks.py); `key` None
+        (or an eager build) calls apply directly."""
+        first = len(self.model_variables)
+        apply = make()
+        return Block(name, key, apply, self.model_variables[first:], self,
+                     self._traces if self.graph_only and self.layer_functions else None)
 
     def _make(self, name, shape, init_scale, offset, trainable) -> tf.Variable:
         if name in self._names:
@@ -188,6 +205,7 @@ class GraphVariable:
     variable are differentiated through its handle (`watch` it on the tape)."""
 
     def __init__(self, initial: tf.Tensor, name: str, trainable: bool):
+        self._bound: tf.Tensor | None = None
         self.trainable = trainable
         self.dtype = initial.dtype
         self.shape = initial.shape
@@ -203,7 +221,14 @@ class GraphVariable:
     def name(self) -> str:
         return self._name + ":0"
 
+    def bind(self, value: tf.Tensor | None) -> None:
+        """Inside a block's trace: reads give `value`, assignments are recorded (None:
+        unbind)."""
+        self._bound = value
+
     def value(self) -> tf.Tensor:
+        if self._bound is not None:
+            return self._bound
         return gen_resource_variable_ops.read_variable_op(self.handle, self.dtype)
 
     def read_value(self) -> tf.Tensor:
@@ -213,19 +238,30 @@ class GraphVariable:
 
     def sparse_read(self, indices, name=None) -> tf.Tensor:
         """The rows `indices` (a ResourceGather, as tf.gather on a variable makes)."""
+        self._not_bound("gathered from")
         with tf.name_scope("Gather" if name is None else name) as scope:
             return gen_resource_variable_ops.resource_gather(self.handle, indices,
                                                              dtype=self.dtype, name=scope)
 
     def assign(self, value, read_value: bool = False):
+        if self._bound is not None:
+            return record_assignment(self, tf.convert_to_tensor(value, dtype=self.dtype))
         return self._write(functools.partial(gen_resource_variable_ops.assign_variable_op,
                                              validate_shape=True), value, read_value)
 
     def assign_add(self, value, read_value: bool = False):
+        self._not_bound("incremented")
         return self._write(gen_resource_variable_ops.assign_add_variable_op, value, read_value)
 
     def assign_sub(self, value, read_value: bool = False):
+        self._not_bound("decremented")
         return self._write(gen_resource_variable_ops.assign_sub_variable_op, value, read_value)
+
+    def _not_bound(self, what: str) -> None:
+        if self._bound is not None:
+            raise TofuError(f"variable '{self.name}' is {what} inside a block's function.",
+                            fix="read it and assign() the new value (the block returns it), "
+                                "or build the block without a key.")
 
     def _write(self, op, value, read_value: bool):
         if read_value:

@@ -47,8 +47,12 @@ def lstm_cell(store, name: str, d_in: int, hidden: int):
 def define(store, sizes: dict, batch_size: int):
     hidden, steps = sizes["hidden"], sizes["steps"]
     embedding = store.get("embedding", [sizes["vocab"], sizes["embedding"]], 1.0)
-    cells = [lstm_cell(store, f"layer{l}", sizes["embedding"] if l == 0 else hidden, hidden)
-             for l in range(sizes["layers"])]
+    cells = []
+    for l in range(sizes["layers"]):
+        d_in = sizes["embedding"] if l == 0 else hidden
+        cells.append(store.block(f"layer{l}", ("lstm", d_in, hidden), lambda l=l, d_in=d_in: (
+            lambda cell: lambda x, h, c: cell(x, (h, c)))(
+                lstm_cell(store, f"layer{l}", d_in, hidden))))
     classifier = layers.dense(store, "classifier", hidden, sizes["num_classes"])
 
     def loss_fn(x, y):
@@ -58,7 +62,7 @@ def define(store, sizes: dict, batch_size: int):
                      tf.zeros([batch_size, hidden], store.dtype))
             outputs = []
             for x_t in inputs:
-                state = cell(x_t, state)
+                state = cell(x_t, *state)
                 outputs.append(state[0])
             inputs = outputs
         top = tf.reshape(tf.stack(inputs, axis=1), [batch_size * steps, hidden])

@@ -105,8 +105,11 @@ def define(store, sizes: dict, batch_size: int):
     token_embedding = store.get("wte", [vocab, d_model], INIT_SCALE)
     position_embedding = store.get("wpe", [seq_len, d_model], INIT_SCALE)
     drop = dropout(sizes, itertools.count(DROPOUT_SEED))
-    blocks = [decoder_block(store, f"layer{i}", sizes, batch_size, drop)
-              for i in range(sizes["layers"])]
+    # Layers draw dropout masks from seeds of their own: then no two layers are alike.
+    key = None if sizes["dropout"] else ("decoder", d_model, sizes["heads"], seq_len,
+                                        batch_size)
+    blocks = [store.block(f"layer{i}", key, lambda i=i: decoder_block(
+        store, f"layer{i}", sizes, batch_size, drop)) for i in range(sizes["layers"])]
     final_norm = layers.layer_norm(store, "ln_f", d_model)
     lm_head = store.get("lm_head/kernel", [d_model, vocab], INIT_SCALE)
 

@@ -82,8 +82,10 @@ def define(store, sizes: dict, batch_size: int):
         width = base * 2 ** stage
         for unit in range(count):
             stride = 2 if stage > 0 and unit == 0 else 1
-            units.append(bottleneck(store, f"stage{stage + 1}/unit{unit + 1}", c_in, width,
-                                    stride))
+            name = f"stage{stage + 1}/unit{unit + 1}"
+            units.append(store.block(name, ("bottleneck", c_in, width, stride),
+                                     lambda name=name, c_in=c_in, width=width, stride=stride:
+                                     bottleneck(store, name, c_in, width, stride)))
             c_in = 4 * width
     classifier = layers.dense(store, "classifier", c_in, sizes["num_classes"])
 

@@ -3,8 +3,8 @@
     fold_constants     a node computed from Consts alone whose outputs are small (shape
                        arithmetic, permutations, axes, BroadcastGradientArgs) -> Const;
                        the values come from TensorFlow's own kernels (one Session run)
-    bypass_forwarding  Identity, IdentityN, and Reshape to its input's own shape: their
-                       consumers read the forwarded tensor itself
+    bypass_forwarding  Identity, IdentityN, Reshape to its input's own shape, and AddN of
+                       one tensor and zeros: their consumers read the forwarded tensor
 
 Both leave the `keep` nodes (fetches, feeds, side effects) and every node with a control
 input from a non-Const alone, and return the GraphDef they are given when nothing changes.
@@ -140,12 +140,17 @@ def bypass_forwarding(graph_def: graph_pb2.GraphDef, shapes: Mapping[str, list],
     """Consumers of Identity / IdentityN / same-shape Reshape nodes read the forwarded
     tensors; a control input on such a node becomes one on the producers it forwards."""
     keep = set(keep)
+    zeros = {node.name for node in graph_def.node if node.op == "Const" and _zeros(node)}
     forwarded: dict[str, list[str]] = {}    # bypassed node -> the tensors it passes on
     for node in graph_def.node:
         if node.name in keep or any(i.startswith("^") for i in node.input):
             continue
         if node.op in FORWARDING_OPS or node.op == "Reshape" and _same_shape(node, shapes):
             forwarded[node.name] = list(node.input[:1] if node.op == "Reshape" else node.input)
+        elif node.op == "AddN":
+            others = [i for i in node.input if node_of(i) not in zeros]
+            if len(others) == 1 and _same_shape(node, shapes, others[0]):
+                forwarded[node.name] = others   # the tape's zero gradient of an unused output
     if not forwarded:
         return graph_def
 
@@ -166,10 +171,29 @@ def bypass_forwarding(graph_def: graph_pb2.GraphDef, shapes: Mapping[str, list],
     return out
 
 
-def _same_shape(node: node_def_pb2.NodeDef, shapes: Mapping[str, list]) -> bool:
+def _same_shape(node: node_def_pb2.NodeDef, shapes: Mapping[str, list],
+                data: str | None = None) -> bool:
+    """Whether output 0 has the static shape of input `data` (default: the first)."""
     shape = shapes[node.name][0][0]
-    data = node.input[0]
+    data = node.input[0] if data is None else data
     return shape is not None and shapes[node_of(data)][_output_index(data)][0] == shape
+
+
+def _zeros(node: node_def_pb2.NodeDef) -> bool:
+    """A Const of real or integer zeros (all-zero bytes, or zeros as repeated values)."""
+    tensor = node.attr["value"].tensor if "value" in node.attr else None
+    if tensor is None:
+        return False
+    dtype = tf.as_dtype(tensor.dtype)
+    if not (dtype.is_floating or dtype.is_integer or dtype.is_bool) or dtype.is_complex:
+        return False
+    if tensor.tensor_content:
+        return not tensor.tensor_content.strip(b"\0")
+    return all(v == 0 for field in _NUMBER_FIELDS for v in getattr(tensor, field))
+
+
+_NUMBER_FIELDS = ("half_val", "float_val", "double_val", "int_val", "int64_val", "bool_val",
+                  "uint32_val", "uint64_val")
 
 
 def _rewired(node: node_def_pb2.NodeDef, forwarded, resolve) -> node_def_pb2.NodeDef:

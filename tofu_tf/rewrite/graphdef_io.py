@@ -5,8 +5,9 @@ Pass pipeline (each pass returns a new GraphDef; the caller's is never mutated):
                  VarHandleOp(dtype, shape, shared_name), captured eager tensors -> Const;
                  GraphDef: a fed output of a non-Placeholder op -> Placeholder
   2. prune       keep the fan-in of fetches and feeds; reject control flow
-  3. Grappler    only where a node calls a function: inline calls, fold shape arithmetic
-                 to Const (_normalise.GRAPPLER_PASSES)
+  3. calls       function calls inlined (_inline); where one cannot be (a polymorphic or
+                 `_noinline` function), Grappler inlines them and folds shape arithmetic
+                 (_normalise.GRAPPLER_PASSES)
   4. clean       strip Const control inputs (`^ShapeN`), prune again, reject control flow
   5. shapes      import into a fresh graph, read every output's static shape and dtype;
                  an unknown dimension raises DynamicShapeError
@@ -33,7 +34,7 @@ from tensorflow.core.framework import graph_pb2
 from tofu_tf._gc import paused_gc
 from tofu_tf.errors import DynamicShapeError, GraphImportError
 from tofu_tf.graph import Graph, Op, Tensor, tensor_name
-from tofu_tf.rewrite import _fold, _normalise
+from tofu_tf.rewrite import _fold, _inline, _normalise
 from tofu_tf.rewrite._nodes import NodeRecord, topological_order
 from tofu_tf.rewrite._structure import Structure, analyse
 from tofu_tf.rewrite.tf_attrs import python_value
@@ -98,7 +99,10 @@ def _run_passes(graph_def, fetches, feeds, captures, start, side_effects) -> Imp
     roots = _normalise.fetch_node_names([*fetches, *feeds, *side_effects])
     graph_def = _normalise.prune(graph_def, roots)
     _normalise.reject_unsupported(graph_def, inlined=False)
-    if _normalise.calls_functions(graph_def):
+    if _normalise.calls_functions(graph_def) and _inline.inlinable(graph_def):
+        with _timed(stats, "inline_seconds"):
+            graph_def = _inline.inline_calls(graph_def, keep=set(roots))
+    elif _normalise.calls_functions(graph_def):
         with _timed(stats, "grappler_seconds"):
             graph_def = _normalise.restore_order(_normalise.run_grappler(graph_def, roots),
                                                  graph_def)

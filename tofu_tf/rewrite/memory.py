@@ -24,6 +24,7 @@ from tensorflow.core.protobuf import config_pb2
 
 from tofu_tf.liveness import (ALIASING, FORWARDING, DeviceMemory, Node,
                               conv_grad_scratch, peaks, slice_is_view)
+from tofu_tf.rewrite import _inline, _normalise
 from tofu_tf.rewrite.schedule import execution_order
 
 __all__ = ["DeviceMemory", "estimate", "measure", "persistent_bytes"]
@@ -89,7 +90,11 @@ def estimate(graph_def: graph_pb2.GraphDef, fetches=(), default_device: str = ""
              explain: int = 0) -> dict[str, DeviceMemory]:
     """The per-device estimate (see the module docstring) of a step that fetches
     `fetches` (all nodes run if none given); nodes without a device count on
-    `default_device`. `explain`: list that many of the largest buffers at each peak."""
+    `default_device`. `explain`: list that many of the largest buffers at each peak.
+    Function calls count as the ops of their bodies (inlined first)."""
+    if _normalise.calls_functions(graph_def) and _inline.inlinable(graph_def):
+        graph_def = _inline.inline_calls(
+            graph_def, keep=set(_normalise.fetch_node_names(_names(fetches))))
     graph = tf.Graph()
     with graph.as_default():
         tf.compat.v1.import_graph_def(graph_def, name="")

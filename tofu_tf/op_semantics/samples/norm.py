@@ -41,10 +41,13 @@ def _bn_grad(op_type, training, data_format="NHWC"):
     forward = "FusedBatchNormV3" if op_type.endswith("V3") else "FusedBatchNorm"
 
     def build(dy, x, s, m, v):
+        # Inference reads the population statistics, as TensorFlow's gradient passes them
+        # (the forward op's reserve spaces are not written then: heap garbage, maybe NaN).
         out = _bn(forward, training, data_format)(x, s, s, m, v)
         spaces = {"reserve_space_3": out[5]} if op_type.endswith("V3") else {}
+        mean, variance = (out[3], out[4]) if training else (m, v)
         return getattr(tf.raw_ops, op_type)(
-            y_backprop=dy, x=x, scale=s, reserve_space_1=out[3], reserve_space_2=out[4],
+            y_backprop=dy, x=x, scale=s, reserve_space_1=mean, reserve_space_2=variance,
             is_training=training, data_format=data_format, epsilon=1e-3, **spaces)
     return build
 

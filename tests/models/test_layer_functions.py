@@ -1,0 +1,89 @@
+"""Graph-only builds with layer functions: one trace per distinct block, the numbers of the
+flat build, and the same planner graph and plan once the importer inlines the calls."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+
+from tofu_tf.errors import TofuError
+from tofu_tf.models import build
+from tofu_tf.models.common import VariableStore
+from tofu_tf.rewrite.graphdef_io import import_graph_def
+from tofu_tf.runtime import SingleDevice
+from tofu_tf.search.plan import make_plan
+from tofu_tf.search.topology import Topology
+
+MODELS = {"transformer": {"layers": 3}, "wresnet": {}, "lstm": {}}
+
+
+def _step(model: str, layer_functions: bool, **kwargs):
+    return build(model, optimizer="adam", graph_only=True, batch_size=4, dtype="float64",
+                 layer_functions=layer_functions, **MODELS[model], **kwargs)
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_same_numbers_as_the_flat_build(model):
+    flat, layered = _step(model, False), _step(model, True)
+    assert not flat.graph_def.library.function and layered.graph_def.library.function
+    batches = [flat.sample_batch(seed) for seed in range(3)]
+    results = []
+    for step in (flat, layered):
+        with SingleDevice(step.graph_def, step.init_op, step.fetches) as single:
+            losses = [single.run(dict(zip(step.feeds, batch)))[0] for batch in batches]
+            results.append((losses, single.values()))
+    (flat_losses, flat_values), (losses, values) = results
+    np.testing.assert_allclose(losses, flat_losses, rtol=1e-12)
+    assert values.keys() == flat_values.keys()
+    for name, value in values.items():
+        np.testing.assert_allclose(value, flat_values[name], rtol=1e-10, atol=1e-12,
+                                   err_msg=name)
+
+
+def test_each_distinct_block_is_traced_once():
+    """Forward, backward and the inference function: three functions for any depth."""
+    for layers in (2, 6):
+        step = build("transformer", optimizer="sgd", graph_only=True, batch_size=2,
+                     layers=layers)
+        assert len(step.graph_def.library.function) == 3
+    # WResNet-14: one unit per stage, each of its own shape: four keys
+    step = build("wresnet", optimizer="sgd", graph_only=True, batch_size=2)
+    assert len(step.graph_def.library.function) == 3 * 4
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_the_planner_sees_the_flat_graph(model):
+    graphs = [import_graph_def(s.graph_def, s.fetches).graph
+              for s in (_step(model, False), _step(model, True))]
+    flat, layered = graphs
+    assert collections.Counter(op.type for op in layered) == \
+        collections.Counter(op.type for op in flat)
+    assert collections.Counter((t.shape, t.dtype) for t in layered.tensors.values()) == \
+        collections.Counter((t.shape, t.dtype) for t in flat.tensors.values())
+    # Roles may differ: the flat build's tape names some gradient ops so that they cannot
+    # be told from forward ops (GELU's derivative), a backward function's scopes can.
+    plans = [make_plan(g, Topology.default(4)) for g in graphs]
+    assert plans[1].total_bytes == plans[0].total_bytes
+
+
+def test_dropout_layers_are_not_shared():
+    """Each layer draws its masks from its own seeds: no layer function."""
+    step = build("transformer", optimizer="sgd", graph_only=True, batch_size=2, dropout=0.1)
+    assert not step.graph_def.library.function
+
+
+def test_a_block_variable_cannot_be_incremented_inside_the_function():
+    import tensorflow as tf
+    graph = tf.Graph()
+    with graph.as_default():
+        store = VariableStore(graph_only=True, seed=0, layer_functions=True)
+
+        def make():
+            v = store.get("v", [2], 1.0)
+            return lambda x: (v.assign_add(x), x)[1]
+
+        block = store.block("b", ("b",), make)
+        with pytest.raises(TofuError, match="incremented inside a block"):
+            block(tf.zeros([2]))
