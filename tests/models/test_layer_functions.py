@@ -16,7 +16,9 @@ from tofu_tf.runtime import SingleDevice
 from tofu_tf.search.plan import make_plan
 from tofu_tf.search.topology import Topology
 
-MODELS = {"transformer": {"layers": 3}, "wresnet": {}, "lstm": {}}
+# Sizes with repeated blocks: 3 equal layers; units (3, 3, 3, 3), whose 2nd and 3rd units of a
+# stage are alike; 5 time steps of each LSTM layer's cell.
+MODELS = {"transformer": {"layers": 3}, "wresnet": {"depth": 38}, "lstm": {}}
 
 
 def _step(model: str, layer_functions: bool, **kwargs):
@@ -37,20 +39,27 @@ def test_same_numbers_as_the_flat_build(model):
     (flat_losses, flat_values), (losses, values) = results
     np.testing.assert_allclose(losses, flat_losses, rtol=1e-12)
     assert values.keys() == flat_values.keys()
+    # float64: a backward function sums some gradient contributions in another order than
+    # the flat tape (residual paths), a few 1e-10 apart after three Adam steps.
     for name, value in values.items():
-        np.testing.assert_allclose(value, flat_values[name], rtol=1e-10, atol=1e-12,
+        np.testing.assert_allclose(value, flat_values[name], rtol=1e-8, atol=1e-10,
                                    err_msg=name)
 
 
-def test_each_distinct_block_is_traced_once():
-    """Forward, backward and the inference function: three functions for any depth."""
-    for layers in (2, 6):
-        step = build("transformer", optimizer="sgd", graph_only=True, batch_size=2,
-                     layers=layers)
-        assert len(step.graph_def.library.function) == 3
-    # WResNet-14: one unit per stage, each of its own shape: four keys
+@pytest.mark.parametrize("model,sizes", [("transformer", ({"layers": 2}, {"layers": 6})),
+                                         ("wresnet", ({"depth": 38}, {"depth": 74})),
+                                         ("lstm", ({"steps": 3}, {"steps": 9}))])
+def test_each_distinct_block_is_traced_once(model, sizes):
+    """The function library does not grow with depth (or time steps)."""
+    libraries = [build(model, optimizer="sgd", graph_only=True, batch_size=2, **size)
+                 .graph_def.library.function for size in sizes]
+    assert len(libraries[0]) == len(libraries[1]) > 0
+
+
+def test_a_block_called_once_is_built_op_by_op():
+    """WResNet-14: one unit per stage, each of its own shape."""
     step = build("wresnet", optimizer="sgd", graph_only=True, batch_size=2)
-    assert len(step.graph_def.library.function) == 3 * 4
+    assert not step.graph_def.library.function
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))
@@ -84,6 +93,6 @@ def test_a_block_variable_cannot_be_incremented_inside_the_function():
             v = store.get("v", [2], 1.0)
             return lambda x: (v.assign_add(x), x)[1]
 
-        block = store.block("b", ("b",), make)
+        block = store.block("b", ("b",), make, uses=2)
         with pytest.raises(TofuError, match="incremented inside a block"):
             block(tf.zeros([2]))

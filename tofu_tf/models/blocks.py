@@ -12,19 +12,25 @@ key:
                (batch-norm statistics; the assignments are made outside)
 
 so the function is pure, and its gradient (the tape's backward function) is built once
-too. Blocks with one key must compute the same thing from their variables: the key holds
+too. A key called once in all is built op by op: its function, inference and backward,
+would cost more than the block. Blocks with one key must compute the same thing from their variables: the key holds
 every setting `make` reads besides the variables (sizes, strides; a block drawing random
 numbers from per-block seeds cannot share). The importer inlines the calls
 (rewrite/_inline.py): the planner sees the same ops on the same values as a flat build.
 Eager builds, and graph-only builds with `layer_functions=False`, run `apply` directly.
+
+The initial values of such blocks' variables come from one function per key too (the
+stateless seeds as its argument), so each variable costs its handle and its Assign.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Callable, Hashable, Sequence
 
 import tensorflow as tf
+from tensorflow.python.ops import gen_stateless_random_ops_v2
 
 from tofu_tf.errors import TofuError
 
@@ -44,8 +50,8 @@ class Block:
         self._traces = traces            # None: call apply directly
 
     def __call__(self, *inputs: tf.Tensor):
-        if self._traces is None or self.key is None:
-            return self.apply(*inputs)
+        if self._traces is None or self.key is None or self._store.blocks[self.key] < 2:
+            return self.apply(*inputs)      # tracing a block costs more than one call
         trace = self._trace(inputs)
         with tf.name_scope(self.name):
             results = trace.function(*inputs, *[v.value() for v in self.variables])
@@ -113,3 +119,53 @@ def record_assignment(var, value) -> None:
     if not _RECORDING:
         raise TofuError(f"variable '{var.name}' is bound outside a block's trace.")
     _RECORDING[-1].append((var, value))
+
+
+@dataclass(frozen=True)
+class InitialValue:
+    """A variable's initial value: `offset + scale * stateless_normal(shape, [seed, index])`,
+    or the constant `offset` where `scale` is 0 (VariableStore._graph_initial_value)."""
+    shape: tuple[int, ...]
+    scale: float
+    offset: float
+    seed_index: int
+
+
+RNG_ALGORITHM = 3   # tf.random.Algorithm.AUTO_SELECT, what tf.random.stateless_normal uses
+
+
+def initial_values(store, key: Hashable, variables: Sequence, specs: Sequence[InitialValue]
+                   ) -> None:
+    """Initializes a block's `variables` from one call of the function that computes
+    initial values of these shapes (traced once per key), the seed indices its argument;
+    the values are those of the op-by-op initializers."""
+    signature = ("initial", key, store.dtype, tuple((s.shape, s.scale, s.offset) for s in specs))
+    function = store._traces.get(signature)
+    if function is None:
+        function = store._traces[signature] = _initializer(specs, store.dtype, store.seed)
+    indices = [s.seed_index for s in specs if s.scale] or [0]
+    values = function(tf.constant(indices, tf.int32))
+    values = values if isinstance(values, (list, tuple)) else [values]
+    for var, value in zip(variables, values):
+        var.initialize(value)
+
+
+def _initializer(specs: Sequence[InitialValue], dtype: tf.DType, seed: int):
+    def body(indices):
+        values, j = [], 0
+        for spec in specs:
+            if not spec.scale:
+                values.append(tf.fill(spec.shape, tf.constant(spec.offset, dtype)))
+                continue
+            key, counter = gen_stateless_random_ops_v2.stateless_random_get_key_counter(
+                tf.stack([tf.constant(seed, tf.int32), indices[j]]))
+            j += 1
+            normal = gen_stateless_random_ops_v2.stateless_random_normal_v2(
+                tf.constant(spec.shape, tf.int32), key, counter,
+                tf.constant(RNG_ALGORITHM, tf.int32), dtype=dtype)
+            values.append(normal * tf.constant(spec.scale, dtype) +
+                          tf.constant(spec.offset, dtype))
+        return values
+    count = max(1, sum(1 for s in specs if s.scale))
+    return tf.function(body, autograph=False).get_concrete_function(
+        tf.TensorSpec([count], tf.int32, name="seed_indices"))

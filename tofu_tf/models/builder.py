@@ -145,7 +145,7 @@ def _build_graph_only(setup: _Setup) -> dict:
                 for name, (shape, dtype) in zip("xy", setup.input_specs()))
         store, loss_fn, optimizer = setup.prepare(graph_only=True)
         loss, train_op = train_step(loss_fn, store, optimizer, x, y)
-        init_op = tf.group(*[v.initializer for v in store.variables], name=INIT_OP_NAME)
+        init_op = tf.group(*store.initializers(), name=INIT_OP_NAME)
     return {"graph_def": canonical_function_names(graph.as_graph_def(add_shapes=True)),
             "fetches": [loss.name, train_op.name], "feeds": _feeds((x, y)),
             "init_op": init_op.name}

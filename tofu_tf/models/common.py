@@ -10,6 +10,7 @@ optimizer code asks it for every float variable, constant and zero state it make
 
 from __future__ import annotations
 
+import collections
 import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -21,7 +22,8 @@ from tensorflow.python.ops import (gen_array_ops, gen_resource_variable_ops,
                                    gen_stateless_random_ops_v2)
 
 from tofu_tf.errors import TofuError
-from tofu_tf.models.blocks import Block, record_assignment
+from tofu_tf.models.blocks import (RNG_ALGORITHM, Block, InitialValue, initial_values,
+                                   record_assignment)
 
 FeedSpec = tuple[tuple[int, ...], str]  # (shape, dtype name)
 STEP_SETTINGS = ("batch_size", "optimizer", "learning_rate", "momentum", "beta1", "beta2",
@@ -30,7 +32,6 @@ STEP_SETTINGS = ("batch_size", "optimizer", "learning_rate", "momentum", "beta1"
 DTYPES = ("float32", "float64")  # valid `dtype` settings; the first is the default
 DEFAULT_DTYPE = DTYPES[0]
 INITIAL_VALUES_SCOPE = "initial_values/"   # graph-only: Consts the initializers share
-RNG_ALGORITHM = 3   # tf.random.Algorithm.AUTO_SELECT, what tf.random.stateless_normal uses
 
 
 def check_dtype(dtype) -> str:
@@ -98,7 +99,10 @@ class VariableStore:
                  layer_functions: bool = False):
         self.graph_only = graph_only
         self.layer_functions = layer_functions
+        self.blocks: collections.Counter = collections.Counter()   # key -> calls planned
+        self._made: list[Block] = []
         self._traces: dict = {}
+        self._pending: dict[GraphVariable, InitialValue] = {}   # initializers to make
         self.seed = seed
         self.dtype: tf.DType = tf.as_dtype(check_dtype(dtype))
         self._rng = np.random.default_rng(seed)
@@ -137,14 +141,19 @@ class VariableStore:
         if op is not None:
             self.updates.append(op)
 
-    def block(self, name: str, key, make: Callable[[], Callable]) -> Block:
+    def block(self, name: str, key, make: Callable[[], Callable], uses: int = 1) -> Block:
         """The block `make()` builds (its variables and apply), called as one function per
-        distinct `key` in a graph-only build with layer functions (blocks.py); `key` None
-        (or an eager build) calls apply directly."""
+        distinct `key` in a graph-only build with layer functions (blocks.py), where the
+        key's blocks are called twice or more in all (`uses`: this block's calls, e.g. the
+        time steps of a recurrent cell); `key` None (or an eager build) calls apply
+        directly."""
         first = len(self.model_variables)
         apply = make()
-        return Block(name, key, apply, self.model_variables[first:], self,
-                     self._traces if self.graph_only and self.layer_functions else None)
+        self.blocks[key] += uses
+        block = Block(name, key, apply, self.model_variables[first:], self,
+                      self._traces if self.graph_only and self.layer_functions else None)
+        self._made.append(block)
+        return block
 
     def _make(self, name, shape, init_scale, offset, trainable) -> tf.Variable:
         if name in self._names:
@@ -152,21 +161,41 @@ class VariableStore:
                             fix="give every variable of a model a distinct name.")
         self._names.add(name)
         shape = [int(d) for d in shape]
+        if self.graph_only and self.layer_functions:     # initialized in `initializers`
+            var = GraphVariable(None, name, trainable, shape=shape, dtype=self.dtype)
+            self._pending[var] = InitialValue(tuple(shape), float(init_scale), float(offset),
+                                              len(self._names))
+            return var
         initial = self._initial_value(shape, float(init_scale), float(offset))
         if self.graph_only:
             return GraphVariable(initial, name, trainable)
         return tf.Variable(initial, name=name, trainable=trainable, dtype=self.dtype)
 
-    def _initial_value(self, shape, init_scale, offset):
+    def initializers(self) -> list[tf.Operation]:
+        """Every variable's initializer. A layer-function build makes them now: the
+        variables of each block whose key other blocks share get their initial values
+        from one function call (traced once per key), the others op by op."""
+        for block in self._made:
+            if self.layer_functions and block.key is not None and self.blocks[block.key] > 1:
+                initial_values(self, block.key, block.variables,
+                               [self._pending.pop(v) for v in block.variables])
+        for var, spec in self._pending.items():
+            var.initialize(self._initial_value(list(spec.shape), spec.scale, spec.offset,
+                                               spec.seed_index))
+        self._pending.clear()
+        return [v.initializer for v in self.variables]
+
+    def _initial_value(self, shape, init_scale, offset, seed_index: int | None = None):
         if self.graph_only:
-            return self._graph_initial_value(shape, init_scale, offset)
+            return self._graph_initial_value(shape, init_scale, offset, seed_index)
         np_dtype = self.dtype.as_numpy_dtype
         if init_scale == 0.0:
             return np.full(shape, offset, np_dtype)
         values = self._rng.standard_normal(shape, dtype=np_dtype) * np_dtype(init_scale)
         return values + np_dtype(offset)
 
-    def _graph_initial_value(self, shape, init_scale, offset) -> tf.Tensor:
+    def _graph_initial_value(self, shape, init_scale, offset,
+                             seed_index: int | None = None) -> tf.Tensor:
         """Graph-only: Fill(shape, offset), or the values of `tf.random.stateless_normal(
         shape, [seed, index], offset, init_scale)`: StatelessRandomNormalV2(shape, key,
         counter, AUTO_SELECT) * init_scale + offset, key and counter from the seed. The
@@ -177,7 +206,8 @@ class VariableStore:
             _take_name("Const")
             return gen_array_ops.fill(dims, self._shared_constant(offset, self.dtype),
                                       name="Fill")
-        seed = tf.constant([self.seed, len(self._names)], tf.int32)
+        index = len(self._names) if seed_index is None else seed_index
+        seed = tf.constant([self.seed, index], tf.int32)
         with tf.name_scope("stateless_random_normal"):
             key, counter = gen_stateless_random_ops_v2.stateless_random_get_key_counter(seed)
             normal = gen_stateless_random_ops_v2.stateless_random_normal_v2(
@@ -204,16 +234,26 @@ class GraphVariable:
     of the initial value's graph), which a planner graph never runs. Reads of a trainable
     variable are differentiated through its handle (`watch` it on the tape)."""
 
-    def __init__(self, initial: tf.Tensor, name: str, trainable: bool):
+    def __init__(self, initial: tf.Tensor | None, name: str, trainable: bool, *,
+                 shape=None, dtype: tf.DType | None = None):
+        """`initial` None (with `shape` and `dtype`): the initializer is made later, by
+        `initialize`."""
         self._bound: tf.Tensor | None = None
         self.trainable = trainable
-        self.dtype = initial.dtype
-        self.shape = initial.shape
+        self.dtype = initial.dtype if initial is not None else dtype
+        self.shape = initial.shape if initial is not None else tf.TensorShape(shape)
+        self.initializer: tf.Operation | None = None
         with tf.name_scope(name) as scope:
             self._name = scope[:-1]
             self.handle = gen_resource_variable_ops.var_handle_op(
                 dtype=self.dtype, shape=self.shape, shared_name=self._name, debug_name=scope,
                 name=scope)
+            if initial is not None:
+                self.initialize(initial)
+
+    def initialize(self, initial: tf.Tensor) -> None:
+        """Makes the initializer: `<name>/Assign` of `initial`."""
+        with tf.name_scope(self._name + "/"):
             self.initializer = gen_resource_variable_ops.assign_variable_op(
                 self.handle, initial, name="Assign")
 

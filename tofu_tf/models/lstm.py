@@ -52,7 +52,7 @@ def define(store, sizes: dict, batch_size: int):
         d_in = sizes["embedding"] if l == 0 else hidden
         cells.append(store.block(f"layer{l}", ("lstm", d_in, hidden), lambda l=l, d_in=d_in: (
             lambda cell: lambda x, h, c: cell(x, (h, c)))(
-                lstm_cell(store, f"layer{l}", d_in, hidden))))
+                lstm_cell(store, f"layer{l}", d_in, hidden)), uses=steps))
     classifier = layers.dense(store, "classifier", hidden, sizes["num_classes"])
 
     def loss_fn(x, y):
