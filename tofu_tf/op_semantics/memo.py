@@ -8,7 +8,6 @@ op) and strategies.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 
 from tofu_tf.op_semantics.analysis import Strategy, analyze
@@ -42,5 +41,13 @@ class SemanticsMemo:
             self.hits += 1
         sem, strategies, ident = cached
         if sem.op_name != name:
-            sem = dataclasses.replace(sem, op_name=name, attrs=dict(attrs))
+            sem = _renamed(sem, name, attrs)
         return sem, strategies, ident
+
+
+def _renamed(sem: Semantics, name: str, attrs) -> Semantics:
+    """`dataclasses.replace(sem, op_name=name, attrs=dict(attrs))`, without re-running the
+    frozen dataclass's __init__ (a Semantics per op of every catalog)."""
+    copy = object.__new__(Semantics)
+    copy.__dict__.update(sem.__dict__, op_name=name, attrs=dict(attrs))
+    return copy

@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -277,6 +278,9 @@ def freeze(value: Any) -> Any:
         return value
     if kind is tuple or kind is list:
         return tuple(v if type(v) in _SCALARS else freeze(v) for v in value)
+    if kind is dict or kind is MappingProxyType:
+        return tuple(sorted((k, v if type(v) in _SCALARS else freeze(v))
+                            for k, v in value.items()))
     if isinstance(value, np.ndarray):
         return ("ndarray", value.shape, value.dtype.str, value.tobytes())
     if isinstance(value, Mapping):

@@ -141,9 +141,15 @@ class _Coarsener:
                 self.tie(v.handle, self.graph.variables[v.slot_of].handle, "variable")
 
     def elementwise(self) -> None:
+        by_signature: dict[int, list[int]] = {}    # equal signatures: equal semantics
         for op in self.graph:
             entry = self.entries[op.name]
-            inputs = elementwise_inputs(entry)
+            if entry.signature is None:
+                inputs = elementwise_inputs(entry)
+            else:
+                inputs = by_signature.get(entry.signature)
+                if inputs is None:
+                    inputs = by_signature[entry.signature] = elementwise_inputs(entry)
             for out in _output_tensors(op, entry)[:1]:
                 for i in inputs:
                     self.tie(out, op.inputs[i], "element-wise")

@@ -195,9 +195,12 @@ def solve(domains: list[int], factors: list[Factor], order: list[int] | None = N
     n = len(domains)
     rank = {v: i for i, v in enumerate(order if order is not None else range(n))}
     elim = _Eliminator(domains, factors, max_table, beam)
-    heap = [(elim.size_of(v), rank[v], v) for v in range(n)]
+    # A variable no factor mentions takes its first state (what eliminating it would
+    # give: the argmin of zeros) and never enters a table: it is decided here.
+    free = {v for v in range(n) if not elim.touching[v]}
+    heap = [(elim.size_of(v), rank[v], v) for v in range(n) if v not in free]
     heapq.heapify(heap)
-    done = [False] * n
+    done = [v in free for v in range(n)]
     while heap:
         size, _, v = heapq.heappop(heap)
         if done[v]:
@@ -209,15 +212,16 @@ def solve(domains: list[int], factors: list[Factor], order: list[int] | None = N
         done[v] = True
         for u in elim.eliminate(v):
             heapq.heappush(heap, (elim.size_of(u), rank[u], u))
-    assignment = _backtrack(elim.pointers, n)
+    assignment = _backtrack(elim.pointers, n, free)
     cost = elim.constant
     return Solution(tuple(assignment), cost, elim.restricted == 0, elim.restricted,
                     elim.largest)
 
 
-def _backtrack(pointers, n: int) -> list[int]:
-    """States from the back-pointers; each keeps the domains as they were when written."""
-    value: dict[int, int] = {}
+def _backtrack(pointers, n: int, free=frozenset()) -> list[int]:
+    """States from the back-pointers (each keeps the domains as they were when written);
+    the `free` variables take state 0."""
+    value: dict[int, int] = dict.fromkeys(free, 0)
     for rest, domains, var, var_domain, argmin in reversed(pointers):
         index = tuple(int(np.searchsorted(d, value[u])) for u, d in zip(rest, domains))
         value[var] = int(var_domain[argmin[index] if rest else argmin])

@@ -55,11 +55,7 @@ class LevelModel:
         if cached is None and not isinstance(self.vectors, OpVectors):
             cached = self._tables[op] = self._named_table(op)
         if cached is None:
-            problem_op = self.vectors.ops[op]
-            group_of = self.coarse.group_of
-            groups = [group_of[t] for t in problem_op.inputs + problem_op.outputs]
-            distinct = sorted(set(groups))
-            pattern = tuple(distinct.index(g) for g in groups)
+            distinct, pattern = self._pattern(op)
             key = self.problem.geometries[op]
             shared = self._shared.get((key, pattern)) if key is not None else None
             if shared is None:
@@ -69,6 +65,20 @@ class LevelModel:
             used, table, argmin = shared
             cached = self._tables[op] = (tuple(distinct[i] for i in used), table, argmin)
         return cached
+
+    def _pattern(self, op: str) -> tuple[list[int], tuple[int, ...]]:
+        """The op's groups, sorted, and each of its tensors' rank among them: the same at
+        every level (one coarse graph), so worked out once per search."""
+        patterns = self.problem.cache.patterns
+        found = patterns.get(op)
+        if found is None or found[0] is not self.coarse:
+            problem_op = self.vectors.ops[op]
+            group_of = self.coarse.group_of
+            groups = [group_of[t] for t in problem_op.inputs + problem_op.outputs]
+            distinct = sorted(set(groups))
+            found = patterns[op] = (self.coarse, distinct,
+                                    tuple(distinct.index(g) for g in groups))
+        return found[1], found[2]
 
     def _op_table(self, op: str, pattern, distinct):
         """(pattern ranks with vectors, min table over them, argmin) for one op."""

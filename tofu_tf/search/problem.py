@@ -59,6 +59,9 @@ class ProblemOp:
     # Per input: the box (tensor coords) of the local input that holds data, including
     # what an outer level delivered from outside the stored part (None: the whole tensor).
     windows: tuple[Box | None, ...] = ()
+    # Interned id of (key, input_offsets, reduce_domains, windows): what the op's geometry
+    # holds besides k and its tensors' kinds (None: no key, the op is unique).
+    template: int | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,9 @@ class SearchCache:
     kinds: dict = field(default_factory=dict)        # (shape, states) -> kind id
     root: tuple | None = None                        # (graph, root ops, root tensors)
     geometries: dict = field(default_factory=dict)   # geometry -> id
+    templates: dict = field(default_factory=dict)    # template value -> id
+    locals: dict = field(default_factory=dict)       # (geometry, label) -> next level's op
+    patterns: dict = field(default_factory=dict)     # op -> (coarse graph, its groups, ranks)
     semantics: SemanticsMemo = field(default_factory=SemanticsMemo)
 
 
@@ -223,12 +229,19 @@ def geometry(problem: Problem, op: ProblemOp) -> int | None:
 def _geometry(problem: Problem, op: ProblemOp) -> int | None:
     if op.key is None:
         return None
+    template = op.template if op.template is not None else template_id(
+        problem.cache, op.key, op.input_offsets, op.reduce_domains, op.windows)
     kinds, kind = problem._kinds, problem.kind
-    value = (problem.k, op.key, op.input_offsets, op.reduce_domains, op.windows,
+    value = (problem.k, template,
              tuple(kinds[t] if t in kinds else kind(t) for t in op.inputs),
              tuple(kinds[t] if t in kinds else kind(t) for t in op.outputs))
     ids = problem.cache.geometries
     return ids.setdefault(value, len(ids))
+
+
+def template_id(cache: SearchCache, key, offsets, domains, windows) -> int:
+    ids = cache.templates
+    return ids.setdefault((key, offsets, domains, windows), len(ids))
 
 
 def may_replicate(problem: Problem, op: ProblemOp, has_strategies: bool) -> bool:
@@ -420,10 +433,12 @@ def root_problem(graph, entries, k: int, replicable=frozenset(),
                 continue
             outputs = tuple(op.outputs) + tuple(op.inputs[c.alias]
                                                 for c in entry.semantics.updates)
+            offsets = tuple((0,) * len(tensors[t].shape) for t in op.inputs)
+            template = None if entry.signature is None else template_id(
+                cache, entry.signature, offsets, (), ())
             ops.append(ProblemOp(op.name, entry.semantics, entry.strategies,
-                                 tuple(op.inputs), outputs,
-                                 tuple((0,) * len(tensors[t].shape) for t in op.inputs),
-                                 entry.signature))
+                                 tuple(op.inputs), outputs, offsets, entry.signature,
+                                 template=template))
         cache.root = (graph, ops, tensors)
     _, ops, tensors = cache.root
     return Problem(k, ops, tensors, frozenset(replicable), replicate_below, cache=cache)
@@ -438,8 +453,22 @@ def sub_problem(problem: Problem, states, choices, k: int) -> Problem:
             spec = TensorSpec(name, part0_shape(spec.shape, state, problem.k), spec.dtype)
         tensors[name] = spec
     cache = problem.cache
-    ops = [_local_problem_op(problem, op, choices[op.name], tensors, cache.semantics,
-                             cache.local_ops) for op in problem.ops]
+    made, geometries = cache.locals, problem.geometries
+    ops = []
+    for op in problem.ops:
+        label = choices[op.name]
+        geometry_id = geometries.get(op.name)
+        local = made.get((geometry_id, label)) if geometry_id is not None else None
+        if local is None:
+            local = _local_problem_op(problem, op, label, tensors, cache.semantics,
+                                      cache.local_ops)
+            if geometry_id is not None:
+                made[(geometry_id, label)] = local
+            ops.append(local)
+        else:        # equal geometry and choice: equal local op, up to the tensor names
+            ops.append(ProblemOp(op.name, local.sem, local.strategies, op.inputs, op.outputs,
+                                 local.input_offsets, local.key, local.reduce_domains,
+                                 local.windows, local.template))
     return Problem(k, ops, tensors, problem.replicable, problem.replicate_below, cache=cache)
 
 
@@ -467,9 +496,11 @@ def _local_problem_op(problem: Problem, op: ProblemOp, label: str, tensors,
         local_memo[key] = built
     # Ops of one signature share the local semantics (its op_name is the first one's).
     sem, strategies, shifts, sig, domains = local_memo[key]
-    return ProblemOp(op.name, sem, strategies, op.inputs, op.outputs,
-                     _shifted(op.input_offsets, shifts), sig, domains,
-                     _windows(problem, op, label))
+    offsets, windows = _shifted(op.input_offsets, shifts), _windows(problem, op, label)
+    template = None if sig is None else template_id(problem.cache, sig, offsets, domains,
+                                                    windows)
+    return ProblemOp(op.name, sem, strategies, op.inputs, op.outputs, offsets, sig, domains,
+                     windows, template)
 
 
 def _windows(problem: Problem, op: ProblemOp, label: str) -> tuple[Box | None, ...]:
