@@ -6,12 +6,14 @@
     bypass_forwarding  Identity, IdentityN, Reshape to its input's own shape, and AddN of
                        one tensor and zeros: their consumers read the forwarded tensor
 
-Both leave the `keep` nodes (fetches, feeds, side effects) and every node with a control
-input from a non-Const alone, and return the GraphDef they are given when nothing changes.
+Both work in place on the pipeline's own copy and leave the `keep` nodes (fetches, feeds,
+side effects) and every node with a control input from a non-Const alone; what they leave
+unused is pruned afterwards.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Iterable, Mapping
 
 import numpy as np
@@ -22,19 +24,21 @@ from tensorflow.python.framework import errors as tf_errors
 from tensorflow.python.framework import op_def_registry
 
 from tofu_tf.errors import GraphImportError
-from tofu_tf.rewrite._normalise import _first_line, _output_index, _rebuild, const_node, node_of
+from tofu_tf.rewrite._normalise import _first_line, _output_index, const_node, node_of
 
 FORWARDING_OPS = frozenset({"Identity", "IdentityN"})
 
 
 def fold_constants(graph_def: graph_pb2.GraphDef, shapes: dict[str, list],
-                   keep: Iterable[str] = (), max_elements: int = 4096) -> graph_pb2.GraphDef:
+                   keep: Iterable[str] = (), max_elements: int = 4096) -> bool:
     """Stateless nodes whose inputs are all Consts (or folded) and whose every output has
-    at most `max_elements` elements become Consts. An output of unknown static shape
-    (BroadcastGradientArgs) is measured once computed. `shapes` is updated in place."""
+    at most `max_elements` elements become Consts, in place: a node keeps its name for
+    output 0, output i > 0 becomes a new Const `<name>/folded_i`. An output of unknown
+    static shape (BroadcastGradientArgs) is measured once computed. `shapes` is updated;
+    returns whether anything folded (the inputs of what folded may be left unused)."""
     candidates = _candidates(graph_def, shapes, set(keep), max_elements)
     if not candidates:
-        return graph_def
+        return False
     values = _evaluate(graph_def, candidates)
     dropped = {n.name for n in candidates
                if any(v.size > max_elements for v in values[n.name])}
@@ -44,52 +48,74 @@ def fold_constants(graph_def: graph_pb2.GraphDef, shapes: dict[str, list],
         if not more:
             break
         dropped |= more
-    replacements: dict[str, list[node_def_pb2.NodeDef]] = {}
     renames: dict[str, str] = {}
     for node in candidates:
         if node.name in dropped:
             continue
         outputs = values[node.name]
-        names = [node.name] if len(outputs) == 1 else \
-            [f"{node.name}/folded_{i}" for i in range(len(outputs))]
-        replacements[node.name] = [const_node(n, tf.make_tensor_proto(v))
-                                   for n, v in zip(names, outputs)]
-        shapes.update({n: [(tuple(v.shape), tf.as_dtype(v.dtype).name)]
-                       for n, v in zip(names, outputs)})
-        if len(outputs) > 1:
-            renames.update({f"{node.name}:{i}": n for i, n in enumerate(names)})
-            renames[node.name] = names[0]
-    return _rebuild(graph_def, replacements, renames) if replacements else graph_def
+        for i, value in enumerate(outputs[1:], start=1):
+            name = renames[f"{node.name}:{i}"] = f"{node.name}/folded_{i}"
+            graph_def.node.append(const_node(name, tf.make_tensor_proto(value)))
+            shapes[name] = [(tuple(value.shape), tf.as_dtype(value.dtype).name)]
+        _make_constant(node, outputs[0])
+        shapes[node.name] = [(tuple(outputs[0].shape), tf.as_dtype(outputs[0].dtype).name)]
+    if renames:
+        _rename_inputs(graph_def, renames)
+    return len(dropped) < len(candidates)
+
+
+def _make_constant(node: node_def_pb2.NodeDef, value: np.ndarray) -> None:
+    proto = tf.make_tensor_proto(value)
+    node.op = "Const"
+    node.device = ""
+    del node.input[:]
+    node.attr.clear()
+    node.attr["dtype"].type = proto.dtype
+    node.attr["value"].tensor.CopyFrom(proto)
+
+
+def _rename_inputs(graph_def: graph_pb2.GraphDef, renames: Mapping[str, str]) -> None:
+    for node in graph_def.node:
+        if any(i in renames for i in node.input):
+            inputs = [renames.get(i, i) for i in node.input]
+            del node.input[:]
+            node.input.extend(inputs)
 
 
 def _candidates(graph_def: graph_pb2.GraphDef, shapes: Mapping[str, list], keep: set[str],
                 max_elements: int) -> list[node_def_pb2.NodeDef]:
-    """The non-Const nodes whose fan-in is Consts and candidates only (depth first)."""
-    nodes = {node.name: node for node in graph_def.node}
+    """The non-Const nodes whose fan-in is Consts and candidates only (depth first, from
+    the nodes whose outputs may be small: a data-sized output is never folded)."""
+    small = {name for name, outputs in shapes.items()
+             if all(_may_be_small(shape, max_elements) for shape, _ in outputs)}
+    nodes = {node.name: node for node in graph_def.node if node.name in small}
     status: dict[str, bool] = {}
     entered: set[str] = set()
+    stateful: dict[str, bool] = {}
 
     def constant(name: str) -> bool:
         stack = [name]
         while stack:
             top = stack[-1]
-            node = nodes[top]
+            node = nodes.get(top)
             if top in status:
                 stack.pop()
+            elif node is None:              # a large output: not constant
+                status[top] = False
             elif top in entered:            # inputs decided (or on a cycle: not constant)
                 status[top] = all(status.get(node_of(i), False) for i in node.input)
                 stack.pop()
             elif node.op == "Const":
                 status[top] = True
-            elif not node.input or top in keep or _stateful(node.op) or \
-                    not all(_may_be_small(shape, max_elements) for shape, _ in shapes[top]):
+            elif not node.input or top in keep or stateful.setdefault(
+                    node.op, _stateful(node.op)):
                 status[top] = False
             else:
                 entered.add(top)
                 stack.extend(p for p in map(node_of, node.input) if p not in status)
         return status[name]
 
-    return [node for node in graph_def.node if node.op != "Const" and constant(node.name)]
+    return [node for node in nodes.values() if node.op != "Const" and constant(node.name)]
 
 
 def _stateful(op_type: str) -> bool:
@@ -99,7 +125,7 @@ def _stateful(op_type: str) -> bool:
 
 
 def _may_be_small(shape, max_elements: int) -> bool:
-    return shape is None or -1 in shape or int(np.prod(shape)) <= max_elements
+    return shape is None or -1 in shape or math.prod(shape) <= max_elements
 
 
 def _evaluate(graph_def: graph_pb2.GraphDef, nodes: list[node_def_pb2.NodeDef]
@@ -136,15 +162,20 @@ def _evaluate(graph_def: graph_pb2.GraphDef, nodes: list[node_def_pb2.NodeDef]
 
 
 def bypass_forwarding(graph_def: graph_pb2.GraphDef, shapes: Mapping[str, list],
-                      keep: Iterable[str] = ()) -> graph_pb2.GraphDef:
-    """Consumers of Identity / IdentityN / same-shape Reshape nodes read the forwarded
-    tensors; a control input on such a node becomes one on the producers it forwards."""
+                      keep: Iterable[str] = ()) -> bool:
+    """Consumers of Identity / IdentityN / same-shape Reshape nodes (and of an AddN of one
+    tensor and zeros) read the forwarded tensors instead, in place; a control input on such
+    a node becomes one on the producers it forwards. The bypassed nodes are left unused
+    (pruning drops them); returns whether any was bypassed."""
     keep = set(keep)
-    zeros = {node.name for node in graph_def.node if node.op == "Const" and _zeros(node)}
+    zeros: set[str] | None = None           # Consts of zeros, found on the first AddN
     forwarded: dict[str, list[str]] = {}    # bypassed node -> the tensors it passes on
     for node in graph_def.node:
-        if node.name in keep or any(i.startswith("^") for i in node.input):
+        if node.op not in FORWARDING_OPS and node.op not in ("Reshape", "AddN") or \
+                node.name in keep or any(i.startswith("^") for i in node.input):
             continue
+        if node.op == "AddN" and zeros is None:
+            zeros = {n.name for n in graph_def.node if n.op == "Const" and _zeros(n)}
         if node.op in FORWARDING_OPS or node.op == "Reshape" and _same_shape(node, shapes):
             forwarded[node.name] = list(node.input[:1] if node.op == "Reshape" else node.input)
         elif node.op == "AddN":
@@ -152,23 +183,23 @@ def bypass_forwarding(graph_def: graph_pb2.GraphDef, shapes: Mapping[str, list],
             if len(others) == 1 and _same_shape(node, shapes, others[0]):
                 forwarded[node.name] = others   # the tape's zero gradient of an unused output
     if not forwarded:
-        return graph_def
+        return False
 
     def resolve(tensor: str) -> str:
         while node_of(tensor) in forwarded:
             tensor = forwarded[node_of(tensor)][_output_index(tensor)]
         return tensor
 
-    out = graph_pb2.GraphDef()
-    out.versions.CopyFrom(graph_def.versions)
-    out.library.CopyFrom(graph_def.library)
+    # Every way an input names a bypassed node: 'n', 'n:k', '^n'.
+    names = {f"{prefix}{n}{suffix}" for n, sources in forwarded.items()
+             for prefix, suffix in [("", ""), ("^", "")] + [("", f":{k}")
+                                                           for k in range(len(sources))]}
     for node in graph_def.node:
-        if node.name in forwarded:
-            continue
-        if any(node_of(i) in forwarded for i in node.input):
-            node = _rewired(node, forwarded, resolve)
-        out.node.append(node)
-    return out
+        if node.name not in forwarded and any(i in names for i in node.input):
+            inputs = _rewired(node, forwarded, resolve)
+            del node.input[:]
+            node.input.extend(inputs)
+    return True
 
 
 def _same_shape(node: node_def_pb2.NodeDef, shapes: Mapping[str, list],
@@ -196,17 +227,14 @@ _NUMBER_FIELDS = ("half_val", "float_val", "double_val", "int_val", "int64_val",
                   "uint32_val", "uint64_val")
 
 
-def _rewired(node: node_def_pb2.NodeDef, forwarded, resolve) -> node_def_pb2.NodeDef:
-    copy = node_def_pb2.NodeDef()
-    copy.CopyFrom(node)
-    del copy.input[:]
+def _rewired(node: node_def_pb2.NodeDef, forwarded, resolve) -> list[str]:
+    data: list[str] = []
     controls: list[str] = []
     for name in node.input:
         if not name.startswith("^"):
-            copy.input.append(resolve(name))
+            data.append(resolve(name))
         elif name[1:] in forwarded:
             controls.extend(f"^{node_of(resolve(t))}" for t in forwarded[name[1:]])
         else:
             controls.append(name)
-    copy.input.extend(dict.fromkeys(controls))
-    return copy
+    return data + list(dict.fromkeys(controls))

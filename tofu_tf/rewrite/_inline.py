@@ -101,34 +101,39 @@ def inlinable(graph_def: graph_pb2.GraphDef) -> bool:
     return True
 
 
+@dataclass
+class _Record:
+    """A node of the inlined graph before it is written: its source NodeDef (a body node,
+    or the graph's own), its final name and inputs."""
+    source: node_def_pb2.NodeDef
+    name: str
+    inputs: list[str]
+
+
 class _Inliner:
     def __init__(self, graph_def: graph_pb2.GraphDef):
         self.library = _Library(graph_def)
         self.used = {node.name for node in graph_def.node}
-        self.nodes: list[node_def_pb2.NodeDef] = []
+        self.records: list[_Record] = []
         self.outputs: dict[str, str] = {}           # "call:k" -> the tensor it stands for
         self.controls: dict[str, list[str]] = {}    # call -> control inputs standing for it
 
-    def place(self, node: node_def_pb2.NodeDef,
-              scope: Mapping[str, node_def_pb2.NodeDef]) -> None:
-        """Append `node` (final name and inputs), or its body if it is a call; `scope`
-        holds the nodes of the same body (or graph) by final name."""
-        function = self.library.called(node)
+    def place(self, record: _Record, scope: Mapping[str, _Record]) -> None:
+        """Append `record`, or its body if it calls a function; `scope` holds the records
+        of the same body (or graph) by final name."""
+        function = self.library.called(record.source)
         if function is None:
-            self.nodes.append(node)
+            self.records.append(record)
         else:
-            self.expand(node, function, scope)
+            self.expand(record, function, scope)
 
-    def expand(self, call: node_def_pb2.NodeDef, function: str,
-               scope: Mapping[str, node_def_pb2.NodeDef]) -> None:
+    def expand(self, call: _Record, function: str, scope: Mapping[str, _Record]) -> None:
         body = self.library.body(function)
-        data = [i for i in call.input if not i.startswith("^")]
-        extra_controls = [i for i in call.input if i.startswith("^")]
+        data = [i for i in call.inputs if not i.startswith("^")]
+        extra_controls = [i for i in call.inputs if i.startswith("^")]
         arguments = dict(zip(body.arguments, data))
         prefix = self._prefix(call, body, data, scope)
-        names = {}
-        for node in body.nodes:
-            names[node.name] = self._unique(f"{prefix}/{node.name}")
+        names = {node.name: self._unique(f"{prefix}/{node.name}") for node in body.nodes}
 
         def outer(tensor: str) -> str:
             control = tensor.startswith("^")
@@ -140,31 +145,23 @@ class _Inliner:
                 return f"^{names[name]}"
             return f"{names[name]}:{_output_index(tensor)}"
 
-        local = {}
-        for node in body.nodes:
-            copy = node_def_pb2.NodeDef()
-            copy.CopyFrom(node)
-            copy.name = names[node.name]
-            del copy.input[:]
-            copy.input.extend(outer(i) for i in node.input)
-            copy.input.extend(extra_controls)
-            if "_class" in copy.attr:          # colocation names refer to body names
-                del copy.attr["_class"]
-            local[copy.name] = copy
-        for copy in local.values():
-            self.place(copy, local)
+        local = {names[node.name]: _Record(node, names[node.name],
+                                           [outer(i) for i in node.input] + extra_controls)
+                 for node in body.nodes}
+        for record in local.values():
+            self.place(record, local)
         for k, tensor in enumerate(body.returns):
             self.outputs[f"{call.name}:{k}"] = outer(tensor)
         self.controls[call.name] = [outer(f"^{c}") for c in body.control_returns] + \
             [f"^{node_of(outer(t))}" for t in body.returns]
 
-    def _prefix(self, call, body: _Body, data: list[str],
-                scope: Mapping[str, node_def_pb2.NodeDef]) -> str:
+    def _prefix(self, call: _Record, body: _Body, data: list[str],
+                scope: Mapping[str, _Record]) -> str:
         """The call's name, or for a tape's backward function its forward call's name."""
         if body.forward_function is not None:
             forward = {node_of(i) for i in data
                        if node_of(i) in scope and
-                       self.library.called(scope[node_of(i)]) == body.forward_function}
+                       self.library.called(scope[node_of(i)].source) == body.forward_function}
             if len(forward) == 1:
                 return forward.pop()
         return call.name
@@ -178,31 +175,23 @@ class _Inliner:
 
     def resolve(self, tensor: str) -> str:
         while True:
-            if tensor.startswith("^"):
-                return tensor
             key = tensor if ":" in tensor else f"{tensor}:0"
             if key not in self.outputs:
                 return tensor
             tensor = self.outputs[key]
 
-    def rewired(self, node: node_def_pb2.NodeDef) -> node_def_pb2.NodeDef:
+    def rewire(self, record: _Record) -> None:
+        """Its inputs through the calls' outputs and control closures."""
         data: list[str] = []
         controls: list[str] = []
-        for name in node.input:
+        for name in record.inputs:
             if not name.startswith("^"):
                 data.append(self.resolve(name))
             elif name[1:] in self.controls:
                 controls.extend(self._control_closure(name[1:]))
             else:
                 controls.append(name)
-        inputs = data + list(dict.fromkeys(controls))
-        if inputs == list(node.input):
-            return node
-        copy = node_def_pb2.NodeDef()
-        copy.CopyFrom(node)
-        del copy.input[:]
-        copy.input.extend(inputs)
-        return copy
+        record.inputs = data + list(dict.fromkeys(controls))
 
     def _control_closure(self, call: str) -> list[str]:
         out = []
@@ -212,30 +201,64 @@ class _Inliner:
         return out
 
 
-def inline_calls(graph_def: graph_pb2.GraphDef, keep=()) -> graph_pb2.GraphDef:
+def inline_calls(graph_def: graph_pb2.GraphDef, keep=(), prune: bool = False
+                 ) -> graph_pb2.GraphDef:
     """`graph_def` with every function call replaced by its body (see the module
     docstring); the function library is dropped. A call named in `keep` (a fetch, a side
     effect) leaves a stand-in of its name: an IdentityN of its returns, or a NoOp, with
-    control inputs on the function's control outputs. Check `inlinable` first."""
+    control inputs on the function's control outputs. `prune`: only the fan-in of the
+    `keep` nodes is written. Check `inlinable` first."""
     inliner = _Inliner(graph_def)
-    top = {node.name: node for node in graph_def.node}
-    for node in graph_def.node:
-        inliner.place(node, top)
-        if node.name in keep and node.name in inliner.controls:
-            inliner.nodes.append(_stand_in(node, inliner))
+    top = {node.name: _Record(node, node.name, list(node.input)) for node in graph_def.node}
+    for record in top.values():
+        inliner.place(record, top)
+        if record.name in keep and record.name in inliner.controls:
+            inliner.records.append(_stand_in(record, inliner))
+    for record in inliner.records:
+        inliner.rewire(record)
+    records = inliner.records
+    if prune:
+        reached = _fan_in(records, keep)
+        records = [r for r in records if r.name in reached]
     out = graph_pb2.GraphDef()
     out.versions.CopyFrom(graph_def.versions)
-    out.node.extend(inliner.rewired(node) for node in inliner.nodes)
+    out.node.extend(_written(r) for r in records)
     return out
 
 
-def _stand_in(call: node_def_pb2.NodeDef, inliner: _Inliner) -> node_def_pb2.NodeDef:
+def _fan_in(records: list[_Record], roots) -> set[str]:
+    by_name = {r.name: r for r in records}
+    keep: set[str] = set()
+    stack = [name for name in roots if name in by_name]
+    while stack:
+        name = stack.pop()
+        if name not in keep:
+            keep.add(name)
+            stack.extend(n for n in map(node_of, by_name[name].inputs) if n not in keep
+                         and n in by_name)
+    return keep
+
+
+def _written(record: _Record) -> node_def_pb2.NodeDef:
+    source = record.source
+    if record.name == source.name and record.inputs == list(source.input):
+        return source
+    node = node_def_pb2.NodeDef()
+    node.CopyFrom(source)
+    node.name = record.name
+    del node.input[:]
+    node.input.extend(record.inputs)
+    if "_class" in node.attr:          # colocation names refer to body names
+        del node.attr["_class"]
+    return node
+
+
+def _stand_in(call: _Record, inliner: _Inliner) -> _Record:
     """A node named like the call that forwards its returns and waits for its effects."""
-    function = inliner.library.called(call)
+    function = inliner.library.called(call.source)
     outputs = inliner.library.functions[function].signature.output_arg
     node = node_def_pb2.NodeDef(name=call.name, op="IdentityN" if outputs else "NoOp")
-    node.input.extend(inliner.outputs[f"{call.name}:{k}"] for k in range(len(outputs)))
-    node.input.extend(inliner.controls[call.name])
     if outputs:
         node.attr["T"].list.type.extend(arg.type for arg in outputs)
-    return node
+    inputs = [inliner.outputs[f"{call.name}:{k}"] for k in range(len(outputs))]
+    return _Record(node, call.name, inputs + list(inliner.controls[call.name]))

@@ -13,8 +13,8 @@ A graph without function calls skips Grappler: `_fold` (constant subgraphs, forw
 ops) does all the planner needs of it in a tenth of the time, and the ops the planner
 sees are then the ones the user wrote (Grappler would also rewrite x / c as x * (1 / c)).
 
-No function mutates the GraphDef it is given, except `set_default_attrs` (in place, on
-the pipeline's own copy).
+No function mutates the GraphDef it is given, except `set_default_attrs` and
+`strip_const_control_inputs` (in place, on the pipeline's own copy).
 """
 
 from __future__ import annotations
@@ -183,16 +183,15 @@ def set_default_attrs(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
     return graph_def
 
 
-def strip_const_control_inputs(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
-    """Drop control inputs of Const nodes: a Const needs no ordering in a flat graph."""
-    replacements = {}
+def strip_const_control_inputs(graph_def: graph_pb2.GraphDef) -> bool:
+    """Drop control inputs of Const nodes (a Const needs no ordering in a flat graph), in
+    place on the pipeline's own copy; returns whether any was dropped."""
+    stripped = False
     for node in graph_def.node:
-        if node.op == "Const" and any(i.startswith("^") for i in node.input):
-            stripped = node_def_pb2.NodeDef()
-            stripped.CopyFrom(node)
-            del stripped.input[:]
-            replacements[node.name] = stripped
-    return replace_nodes(graph_def, replacements) if replacements else graph_def
+        if node.op == "Const" and node.input:
+            del node.input[:]      # a Const's inputs are all control inputs
+            stripped = True
+    return stripped
 
 
 def fan_in(graph_def: graph_pb2.GraphDef, roots: Iterable[str]) -> set[str]:

@@ -101,25 +101,31 @@ def _run_passes(graph_def, fetches, feeds, captures, start, side_effects) -> Imp
     _normalise.reject_unsupported(graph_def, inlined=False)
     if _normalise.calls_functions(graph_def) and _inline.inlinable(graph_def):
         with _timed(stats, "inline_seconds"):
-            graph_def = _inline.inline_calls(graph_def, keep=set(roots))
+            graph_def = _inline.inline_calls(graph_def, keep=set(roots), prune=True)
     elif _normalise.calls_functions(graph_def):
         with _timed(stats, "grappler_seconds"):
             graph_def = _normalise.restore_order(_normalise.run_grappler(graph_def, roots),
                                                  graph_def)
         stats["nodes_grappler"] = len(graph_def.node)
         _check_survivors(graph_def, roots)
-    graph_def = _normalise.prune(_normalise.strip_const_control_inputs(graph_def), roots)
+        graph_def = _normalise.prune(graph_def, roots)
+    # From here the passes edit the pipeline's own copy in place; one prune at the end
+    # drops what they leave unused.
+    stale = _normalise.strip_const_control_inputs(graph_def)
+    if stale:
+        graph_def = _normalise.prune(graph_def, roots)
     _normalise.reject_unsupported(graph_def)
     fetches = [*fetches, *_normalise.unreached(graph_def, fetches, side_effects)]
     with _timed(stats, "shape_seconds"):
         shapes = _static_shapes(graph_def)
     with _timed(stats, "fold_seconds"):
-        folded = _normalise.fold_shape_ops(graph_def, shapes, keep=roots)
-        folded = _fold.fold_constants(folded, shapes, keep=roots,
-                                      max_elements=MAX_CONSTANT_ELEMENTS)
-        folded = _fold.bypass_forwarding(folded, shapes, keep=roots)
-    graph_def = _normalise.set_default_attrs(
-        graph_def if folded is graph_def else _normalise.prune(folded, roots))
+        graph_def = _normalise.fold_shape_ops(graph_def, shapes, keep=roots)
+        stale = _fold.fold_constants(graph_def, shapes, keep=roots,
+                                     max_elements=MAX_CONSTANT_ELEMENTS)
+        stale = _fold.bypass_forwarding(graph_def, shapes, keep=roots) or stale
+        if stale:
+            graph_def = _normalise.prune(graph_def, roots)
+    graph_def = _normalise.set_default_attrs(graph_def)
     stats["nodes_out"] = len(graph_def.node)
     with _timed(stats, "build_seconds"):
         graph = _build_graph(graph_def, shapes, fetches)
