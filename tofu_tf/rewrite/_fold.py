@@ -33,7 +33,8 @@ def fold_constants(graph_def: graph_pb2.GraphDef, shapes: dict[str, list],
                    keep: Iterable[str] = (), max_elements: int = 4096) -> bool:
     """Stateless nodes whose inputs are all Consts (or folded) and whose every output has
     at most `max_elements` elements become Consts, in place: a node keeps its name for
-    output 0, output i > 0 becomes a new Const `<name>/folded_i`. An output of unknown
+    output 0, output i > 0 becomes a new Const `<name>/folded_i` placed right after it
+    (the node order is the schedule memory is estimated in). An output of unknown
     static shape (BroadcastGradientArgs) is measured once computed. `shapes` is updated;
     returns whether anything folded (the inputs of what folded may be left unused)."""
     candidates = _candidates(graph_def, shapes, set(keep), max_elements)
@@ -49,19 +50,32 @@ def fold_constants(graph_def: graph_pb2.GraphDef, shapes: dict[str, list],
             break
         dropped |= more
     renames: dict[str, str] = {}
+    extra: dict[str, list[node_def_pb2.NodeDef]] = {}   # node -> Consts of outputs 1, 2 ...
     for node in candidates:
         if node.name in dropped:
             continue
         outputs = values[node.name]
         for i, value in enumerate(outputs[1:], start=1):
             name = renames[f"{node.name}:{i}"] = f"{node.name}/folded_{i}"
-            graph_def.node.append(const_node(name, tf.make_tensor_proto(value)))
+            extra.setdefault(node.name, []).append(
+                const_node(name, tf.make_tensor_proto(value)))
             shapes[name] = [(tuple(value.shape), tf.as_dtype(value.dtype).name)]
         _make_constant(node, outputs[0])
         shapes[node.name] = [(tuple(outputs[0].shape), tf.as_dtype(outputs[0].dtype).name)]
-    if renames:
+    if extra:
+        _insert_after(graph_def, extra)
         _rename_inputs(graph_def, renames)
     return len(dropped) < len(candidates)
+
+
+def _insert_after(graph_def: graph_pb2.GraphDef,
+                  extra: Mapping[str, list[node_def_pb2.NodeDef]]) -> None:
+    nodes = []
+    for node in graph_def.node:
+        nodes.append(node)
+        nodes.extend(extra.get(node.name, ()))
+    del graph_def.node[:]
+    graph_def.node.extend(nodes)
 
 
 def _make_constant(node: node_def_pb2.NodeDef, value: np.ndarray) -> None:

@@ -116,8 +116,9 @@ class LevelModel:
         merged: dict[tuple[int, ...], np.ndarray] = {}
         constant = 0.0
         squeezed: dict[int, tuple] = {}          # id(table) -> (free axes, table on them)
+        tables, op_table = self._tables, self.op_table
         for op in self.vectors:
-            scope, table, _ = self.op_table(op)
+            scope, table, _ = tables.get(op) or op_table(op)
             axes, free_table = squeezed.get(id(table)) or squeezed.setdefault(
                 id(table), _squeeze(table))
             if not axes:
@@ -146,12 +147,28 @@ class LevelModel:
     def evaluate(self, assignment) -> tuple[float, dict[str, int]]:
         """Total bytes of a group assignment, and each op's best choice under it."""
         total, chosen = 0.0, {}
+        tables, op_table = self._tables, self.op_table
         for op in self.vectors:
-            scope, table, argmin = self.op_table(op)
-            index = tuple(assignment[g] for g in scope)
-            total += float(table[index])
-            chosen[op] = int(argmin[index])
+            scope, table, argmin = tables.get(op) or op_table(op)
+            index = tuple([assignment[g] for g in scope])
+            total += table.item(index)
+            chosen[op] = argmin.item(index)
         return total, chosen
+
+    def moved(self, op: str, choice: int, assignment) -> list[tuple[str, float]]:
+        """[(tensor, bytes)] the op's choice moves under `assignment`, bytes > 0."""
+        if not isinstance(self.vectors, OpVectors):
+            return [(t, float(v[assignment[self.coarse.group_of[t]]]))
+                    for t, v in self.vectors[op][choice]
+                    if v[assignment[self.coarse.group_of[t]]] > 0]
+        distinct, pattern = self._pattern(op)
+        n_in = len(self.vectors.ops[op].inputs)
+        out = []
+        for (kind, i), vector in self.vectors.positional(op)[choice]:
+            moved = vector.item(assignment[distinct[pattern[i if kind == "in" else n_in + i]]])
+            if moved > 0:
+                out.append((tensor_at(self.vectors.ops[op], (kind, i)), float(moved)))
+        return out
 
 
 def _squeeze(table: np.ndarray) -> tuple[tuple[int, ...], np.ndarray]:
@@ -204,11 +221,7 @@ def result_of(model: LevelModel, assignment, exact: bool, seconds: float) -> Lev
     states = {t: model.group_states(g)[assignment[g]]
               for g, members in enumerate(model.coarse.members) for t in members}
     labels = {op: model.problem.choices[op][c].label for op, c in chosen.items()}
-    breakdown = []
-    for op, c in chosen.items():
-        for tensor, vector in model.entries(op, c):
-            moved = float(vector[assignment[model.coarse.group_of[tensor]]])
-            if moved > 0:
-                breakdown.append((op, tensor, moved))
+    breakdown = [(op, tensor, moved) for op, c in chosen.items()
+                 for tensor, moved in model.moved(op, c, assignment)]
     return LevelResult(model.problem.k, tuple(assignment), states, labels, total, exact,
                        seconds, tuple(breakdown))
