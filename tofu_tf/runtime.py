@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
 
+from tofu_tf._tf_graph import LazyGraph
 from tofu_tf.errors import RewriteError
 
 
@@ -58,12 +59,12 @@ class SingleDevice(_SessionOwner):
     `init_op`; `values()` reads every variable (by VarHandleOp name)."""
 
     def __init__(self, graph_def, init_op: str, fetches):
-        self.graph = tf.Graph()
+        self.graph = LazyGraph(graph_def)
         with self.graph.as_default():
-            tf.compat.v1.import_graph_def(graph_def, name="")
             self._reads, self._assigns = {}, {}
-            for op in self.graph.get_operations():
-                if op.type == "VarHandleOp":
+            for node in graph_def.node:
+                if node.op == "VarHandleOp":
+                    op = self.graph.get_operation_by_name(node.name)
                     dtype = op.get_attr("dtype")
                     self._reads[op.name] = tf.raw_ops.ReadVariableOp(resource=op.outputs[0],
                                                                      dtype=dtype)
@@ -94,10 +95,9 @@ class Runner(_SessionOwner):
             raise RewriteError(f"no initial value for the variables {missing[:5]}.",
                                fix="pass a value for every variable of the graph.")
         self.optimized = optimized
-        self.graph = tf.Graph()
+        self.graph = LazyGraph(optimized.graph_def)
         self._assigns, self._placeholders, self._reads = [], {}, {}
         with self.graph.as_default():
-            tf.compat.v1.import_graph_def(optimized.graph_def, name="")
             for name, shards in optimized.shards.items():
                 dtype = tf.as_dtype(np.asarray(values[name]).dtype)
                 for shard in shards:

@@ -31,6 +31,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
+from tofu_tf import _tf_graph
 from tofu_tf._gc import paused_gc
 from tofu_tf.errors import DynamicShapeError, GraphImportError
 from tofu_tf.graph import Graph, Op, Tensor, tensor_name
@@ -282,27 +283,12 @@ def _static_shapes(graph_def: graph_pb2.GraphDef) -> dict[str, list[tuple[Shape,
 
 def _import_operations(graph: tf.Graph, graph_def: graph_pb2.GraphDef) -> list:
     """`graph_def` imported into the empty `graph`; its operations as light Python
-    wrappers (name, outputs) over the C graph. Falls back to the public import where
-    this TensorFlow lacks the C-level entry points."""
-    try:
-        from tensorflow.python.client import pywrap_tf_session as c_api
-        from tensorflow.python.framework import c_api_util, ops
-        from_c_op, new_operations = ops.Operation._from_c_op, graph.new_operations
-    except (ImportError, AttributeError):
+    wrappers (name, outputs) over the C graph (`tofu_tf._tf_graph`)."""
+    if not _tf_graph.C_IMPORT:
         with graph.as_default():
             tf.graph_util.import_graph_def(_copy(graph_def), name="")
         return graph.get_operations()
-    options = c_api_util.ScopedTFImportGraphDefOptions()
-    buffer = c_api.TF_NewBufferFromString(graph_def.SerializeToString())
-    try:
-        with graph._c_graph.get() as c_graph:
-            results = c_api.TF_GraphImportGraphDefWithResults(c_graph, buffer, options.options)
-        c_api_util.ScopedTFImportGraphDefResults(results)
-    except tf.errors.InvalidArgumentError as error:
-        raise ValueError(str(error)) from error
-    finally:
-        c_api.TF_DeleteBuffer(buffer)
-    return [from_c_op(c_op=c_op, g=graph) for c_op in new_operations()]
+    return [_tf_graph.wrap(graph, c_op) for c_op in _tf_graph.import_c_graph(graph, graph_def)]
 
 
 def _copy(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:

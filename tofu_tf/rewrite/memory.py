@@ -22,6 +22,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 from tensorflow.core.protobuf import config_pb2
 
+from tofu_tf._tf_graph import LazyGraph
 from tofu_tf.liveness import (ALIASING, FORWARDING, DeviceMemory, Node,
                               conv_grad_scratch, peaks, slice_is_view)
 from tofu_tf.rewrite import _inline, _normalise
@@ -95,9 +96,7 @@ def estimate(graph_def: graph_pb2.GraphDef, fetches=(), default_device: str = ""
     if _normalise.calls_functions(graph_def) and _inline.inlinable(graph_def):
         graph_def = _inline.inline_calls(
             graph_def, keep=set(_normalise.fetch_node_names(_names(fetches))))
-    graph = tf.Graph()
-    with graph.as_default():
-        tf.compat.v1.import_graph_def(graph_def, name="")
+    graph = LazyGraph(graph_def)
     order = [graph.get_operation_by_name(graph_def.node[i].name)
              for i in execution_order(graph_def, _names(fetches))]
     cpu = {d: "GPU" not in d.upper()
