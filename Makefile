@@ -17,4 +17,4 @@ demo: install
 	$(PYTHON) -m tofu_tf.train
 
 test: install-test
-	$(PYTHON) -m pytest -q tests
+	$(PYTHON) -m pytest -q -n 2 tests

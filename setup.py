@@ -56,7 +56,7 @@ setup(
     extras_require={
         "cpu": ["tensorflow-cpu>=2.16,<3"],
         "gpu": ["tensorflow[and-cuda]>=2.16,<3"],
-        "test": ["pytest>=7", "hypothesis>=6"],
+        "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6"],
         "plot": ["matplotlib>=3.7"],
     },
 )

@@ -64,6 +64,8 @@ class LazyGraph(tf.Graph):
                                for c_op in import_c_graph(self, graph_def)}
             # New ops (a runner's placeholders, reads and assigns) take other names.
             self._names_in_use.update((name.lower(), 1) for name in self._unwrapped)
+            if graph_def.node:              # a Session refuses a graph of no Python ops
+                self._get_operation_by_name(graph_def.node[0].name)
         else:                                 # pragma: no cover - older TensorFlow
             with self.as_default():
                 tf.graph_util.import_graph_def(graph_def, name="")

@@ -19,7 +19,7 @@ def _graph_def():
 def test_runs_names_lazily_and_new_ops_take_other_names():
     graph_def = _graph_def()
     graph = LazyGraph(graph_def)
-    assert graph.get_operations() == []           # nothing wrapped before it is named
+    assert len(graph.get_operations()) == 1        # the rest is wrapped when named
     with graph.as_default():
         extra = tf.compat.v1.placeholder(tf.float32, [2, 4])     # default name "Placeholder"
         shifted = graph.get_tensor_by_name("out:0") + extra
@@ -30,6 +30,12 @@ def test_runs_names_lazily_and_new_ops_take_other_names():
     with tf.compat.v1.Session(graph=graph) as session:
         got = session.run(shifted, {"Placeholder:0": x, extra: np.ones((2, 4), np.float32)})
     np.testing.assert_allclose(got, want)
+
+
+def test_a_graph_of_one_named_fetch_runs():
+    graph_def = _graph_def()
+    with tf.compat.v1.Session(graph=LazyGraph(graph_def)) as session:
+        assert session.run("ReadVariableOp:0").shape == (3, 4)
 
 
 def test_an_unknown_name_is_a_key_error():
