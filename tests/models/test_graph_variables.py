@@ -15,9 +15,11 @@ def _nodes(step) -> dict:
     for node in step.graph_def.node:
         if "/IsInitialized/" in node.name or node.name.endswith("/Read/ReadVariableOp"):
             continue        # tf.Variable's own: initialised check, snapshot read
-        # tf.Variable also colocates its handle with itself ('_class': 'loc:@' + name)
+        # tf.Variable also colocates its handle with itself ('_class': 'loc:@' + name);
+        # a custom gradient's IdentityN names its gradient function uniquely per build
         out[node.name] = (node.op, list(node.input), node.device,
-                          sorted((k, str(v)) for k, v in node.attr.items() if k != "_class"))
+                          sorted((k, str(v)) for k, v in node.attr.items()
+                                 if k not in ("_class", "_gradient_op_type")))
     return out
 
 
