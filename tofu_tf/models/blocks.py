@@ -50,7 +50,7 @@ class Block:
         self._traces = traces            # None: call apply directly
 
     def __call__(self, *inputs: tf.Tensor):
-        if self._traces is None or self.key is None or self._store.blocks[self.key] < 2:
+        if self._traces is None or not self._store.shares(self.key):
             return self.apply(*inputs)      # tracing a block costs more than one call
         trace = self._trace(inputs)
         with tf.name_scope(self.name):

@@ -155,6 +155,11 @@ class VariableStore:
         self._made.append(block)
         return block
 
+    def shares(self, key) -> bool:
+        """Whether the blocks of `key` are called twice or more in all (then one function
+        serves them; a key called once is built op by op)."""
+        return key is not None and self.blocks[key] > 1
+
     def _make(self, name, shape, init_scale, offset, trainable) -> tf.Variable:
         if name in self._names:
             raise TofuError(f"variable '{name}' is created twice in one model.",
@@ -176,7 +181,7 @@ class VariableStore:
         variables of each block whose key other blocks share get their initial values
         from one function call (traced once per key), the others op by op."""
         for block in self._made:
-            if self.layer_functions and block.key is not None and self.blocks[block.key] > 1:
+            if self.layer_functions and self.shares(block.key):
                 initial_values(self, block.key, block.variables,
                                [self._pending.pop(v) for v in block.variables])
         for var, spec in self._pending.items():

@@ -13,6 +13,7 @@ hidden 4096-10240, 4-10 layers.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -47,12 +48,16 @@ def lstm_cell(store, name: str, d_in: int, hidden: int):
 def define(store, sizes: dict, batch_size: int):
     hidden, steps = sizes["hidden"], sizes["steps"]
     embedding = store.get("embedding", [sizes["vocab"], sizes["embedding"]], 1.0)
+    def make(name: str, d_in: int):
+        """The cell as a block's apply: state as separate inputs."""
+        cell = lstm_cell(store, name, d_in, hidden)
+        return lambda x, h, c: cell(x, (h, c))
+
     cells = []
     for l in range(sizes["layers"]):
         d_in = sizes["embedding"] if l == 0 else hidden
-        cells.append(store.block(f"layer{l}", ("lstm", d_in, hidden), lambda l=l, d_in=d_in: (
-            lambda cell: lambda x, h, c: cell(x, (h, c)))(
-                lstm_cell(store, f"layer{l}", d_in, hidden)), uses=steps))
+        cells.append(store.block(f"layer{l}", ("lstm", d_in, hidden),
+                                 functools.partial(make, f"layer{l}", d_in), uses=steps))
     classifier = layers.dense(store, "classifier", hidden, sizes["num_classes"])
 
     def loss_fn(x, y):

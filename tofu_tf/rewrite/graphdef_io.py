@@ -1,6 +1,8 @@
 """Import: a GraphDef plus fetches, or a TF2 concrete function, becomes a planner Graph.
 
-Pass pipeline (each pass returns a new GraphDef; the caller's is never mutated):
+Pass pipeline (the caller's GraphDef is never mutated: the first prune copies it; from the
+clean pass on the passes edit that copy in place, and a prune after clean and after fold
+drops what they leave unused):
   1. inputs      concrete function: captured variables (resource Placeholders) ->
                  VarHandleOp(dtype, shape, shared_name), captured eager tensors -> Const;
                  GraphDef: a fed output of a non-Placeholder op -> Placeholder
@@ -12,8 +14,8 @@ Pass pipeline (each pass returns a new GraphDef; the caller's is never mutated):
   5. shapes      import into a fresh graph, read every output's static shape and dtype;
                  an unknown dimension raises DynamicShapeError
   6. fold        Shape/ShapeN/Size/Rank of static tensors and small values computed from
-                 Consts alone become Consts; Identity, IdentityN and Reshapes to their
-                 input's shape are bypassed (_fold)
+                 Consts alone become Consts; Identity, IdentityN, Reshapes to their
+                 input's shape and AddN of one tensor and zeros are bypassed (_fold)
   7. structure   roles, forward_op, variables and slots (_structure.analyse)
   8. build       attrs -> plain Python, small Const values -> Graph.constants, Graph(...)
 """
@@ -100,18 +102,19 @@ def _run_passes(graph_def, fetches, feeds, captures, start, side_effects) -> Imp
     roots = _normalise.fetch_node_names([*fetches, *feeds, *side_effects])
     graph_def = _normalise.prune(graph_def, roots)
     _normalise.reject_unsupported(graph_def, inlined=False)
-    if _normalise.calls_functions(graph_def) and _inline.inlinable(graph_def):
-        with _timed(stats, "inline_seconds"):
-            graph_def = _inline.inline_calls(graph_def, keep=set(roots), prune=True)
-    elif _normalise.calls_functions(graph_def):
-        with _timed(stats, "grappler_seconds"):
-            graph_def = _normalise.restore_order(_normalise.run_grappler(graph_def, roots),
-                                                 graph_def)
-        stats["nodes_grappler"] = len(graph_def.node)
-        _check_survivors(graph_def, roots)
-        graph_def = _normalise.prune(graph_def, roots)
-    # From here the passes edit the pipeline's own copy in place; one prune at the end
-    # drops what they leave unused.
+    if _normalise.calls_functions(graph_def):
+        if _inline.inlinable(graph_def):
+            with _timed(stats, "inline_seconds"):
+                graph_def = _inline.inline_calls(graph_def, keep=set(roots), prune=True)
+        else:
+            with _timed(stats, "grappler_seconds"):
+                graph_def = _normalise.restore_order(
+                    _normalise.run_grappler(graph_def, roots), graph_def)
+            stats["nodes_grappler"] = len(graph_def.node)
+            _check_survivors(graph_def, roots)
+            graph_def = _normalise.prune(graph_def, roots)
+    # From here the passes edit the pipeline's own copy in place; a prune after each
+    # stage drops what it leaves unused.
     stale = _normalise.strip_const_control_inputs(graph_def)
     if stale:
         graph_def = _normalise.prune(graph_def, roots)

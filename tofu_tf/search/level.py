@@ -101,14 +101,6 @@ class LevelModel:
                                     for entries in self.vectors[op]],
                                    [self.domains[g] for g in scope]))
 
-    def entries(self, op: str, choice: int) -> list[tuple[str, np.ndarray]]:
-        """[(tensor, bytes per state)] of one choice of one op."""
-        if not isinstance(self.vectors, OpVectors):
-            return self.vectors[op][choice]
-        problem_op = self.vectors.ops[op]
-        return [(tensor_at(problem_op, position), vector)
-                for position, vector in self.vectors.positional(op)[choice]]
-
     def factors(self) -> tuple[list[dp.Factor], float]:
         """The DP's factors over groups with a choice — ops with one scope summed into one
         factor — and `constant`: the bytes of ops whose groups all have one state (the
