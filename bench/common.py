@@ -57,7 +57,7 @@ def load(model: str, sizes: dict):
     from tofu_tf.models import build
     from tofu_tf.rewrite.graphdef_io import import_graph_def
     start = time.perf_counter()
-    step = build(model, optimizer="sgd", graph_only=True, **sizes)
+    step = build(model, optimizer="sgd", graph_only=True, initializers=False, **sizes)
     graph = import_graph_def(step.graph_def, step.fetches).graph
     return graph, time.perf_counter() - start
 

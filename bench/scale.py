@@ -39,7 +39,8 @@ def child(layers: int, time_limit: float) -> None:
     from tofu_tf.search.plan import make_plan
     from tofu_tf.search.topology import Topology
     start = time.perf_counter()
-    step = build("transformer", optimizer="adam", graph_only=True, layers=layers, **SIZES)
+    step = build("transformer", optimizer="adam", graph_only=True, initializers=False,
+                 layers=layers, **SIZES)
     built = time.perf_counter()
     graph = import_graph_def(step.graph_def, step.fetches).graph
     imported = time.perf_counter()

@@ -91,7 +91,7 @@ def end_to_end_child(name: str) -> None:
     from tofu_tf.search.topology import Topology
     model, sizes, _, _ = END_TO_END[name]
     start = time.perf_counter()
-    step = build(model, optimizer="sgd", graph_only=True, **sizes)
+    step = build(model, optimizer="sgd", graph_only=True, initializers=False, **sizes)
     built = time.perf_counter()
     graph = import_graph_def(step.graph_def, step.fetches).graph
     imported = time.perf_counter()

@@ -36,7 +36,8 @@ def build_graph(model: str, batch_size: int, optimizer: str, sizes: dict):
     """The model's training step, imported (planner graph and GraphDef), without weights."""
     from tofu_tf.models import build
     from tofu_tf.rewrite.graphdef_io import import_graph_def
-    step = build(model, optimizer=optimizer, batch_size=batch_size, graph_only=True, **sizes)
+    step = build(model, optimizer=optimizer, batch_size=batch_size, graph_only=True,
+                 initializers=False, **sizes)
     return import_graph_def(step.graph_def, step.fetches)
 
 

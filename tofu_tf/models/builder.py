@@ -16,7 +16,9 @@ Every float in the step has the build's `dtype` ("float32" default, or "float64"
 `common.check_dtype`): the `VariableStore` carries it, and `inputs` and `sample` get it.
 
 Either way the graph holds a tensor `loss:0` and a NoOp `train_op` grouping all updates;
-a graph-only graph also holds a NoOp `init` that runs every variable initializer.
+a graph-only graph also holds a NoOp `init` that runs every variable initializer, unless
+it is built with `initializers=False`: a step that is only planned never runs them (the
+importer drops every node the fetches do not need), and they are a sixth of its nodes.
 """
 
 from __future__ import annotations
@@ -67,11 +69,13 @@ class _Setup:
     seed: int
     dtype: str                                # "float32" or "float64"
     layer_functions: bool                     # graph-only: one function per distinct block
+    initializers: bool                        # graph-only: build the variables' `init` op
 
     def prepare(self, graph_only: bool):
         """A fresh store, the model's loss_fn and the optimizer (variables made here)."""
         store = VariableStore(graph_only=graph_only, seed=self.seed, dtype=self.dtype,
-                              layer_functions=self.layer_functions)
+                              layer_functions=self.layer_functions,
+                              initializers=self.initializers)
         loss_fn = self.model.define(store, self.sizes, self.batch_size)
         return store, loss_fn, make_optimizer(self.optimizer, store)
 
@@ -82,16 +86,19 @@ class _Setup:
 def build_step(model: ModelDef, *, optimizer: str = "sgd", batch_size: int,
                graph_only: bool = False, seed: int = 0, learning_rate: float | None = None,
                dtype: str = DEFAULT_DTYPE, layer_functions: bool = True,
-               **sizes) -> ModelStep:
+               initializers: bool = True, **sizes) -> ModelStep:
     """`layer_functions` (graph-only): the model's repeated blocks are traced once each, as
-    functions the importer inlines (blocks.py); False builds every op directly."""
+    functions the importer inlines (blocks.py); False builds every op directly.
+    `initializers=False` (graph-only): no variable initializers and no `init` op (the
+    step's `init_op` is None), for a step that is planned, never run."""
     setup = _Setup(model, model.normalize(_complete_sizes(model, sizes)),
                    check_positive_int("batch_size", batch_size),
                    optimizer_config(optimizer, learning_rate), _check_seed(seed),
-                   check_dtype(dtype), bool(layer_functions) and graph_only)
+                   check_dtype(dtype), bool(layer_functions) and graph_only,
+                   bool(initializers) or not graph_only)
     config = {**setup.sizes, "batch_size": setup.batch_size, **setup.optimizer.as_dict(),
               "seed": seed, "graph_only": graph_only, "dtype": setup.dtype,
-              "layer_functions": setup.layer_functions}
+              "layer_functions": setup.layer_functions, "initializers": setup.initializers}
     fields = _build_graph_only(setup) if graph_only else _build_eager(setup)
     return ModelStep(model.name, config, **fields, _sample=partial(
         model.sample, setup.sizes, setup.batch_size, setup.dtype))
@@ -145,10 +152,11 @@ def _build_graph_only(setup: _Setup) -> dict:
                 for name, (shape, dtype) in zip("xy", setup.input_specs()))
         store, loss_fn, optimizer = setup.prepare(graph_only=True)
         loss, train_op = train_step(loss_fn, store, optimizer, x, y)
-        init_op = tf.group(*store.initializers(), name=INIT_OP_NAME)
+        init_op = (tf.group(*store.initializers(), name=INIT_OP_NAME).name
+                   if setup.initializers else None)
     return {"graph_def": canonical_function_names(graph.as_graph_def(add_shapes=True)),
             "fetches": [loss.name, train_op.name], "feeds": _feeds((x, y)),
-            "init_op": init_op.name}
+            "init_op": init_op}
 
 
 def canonical_function_names(graph_def: GraphDef) -> GraphDef:

@@ -28,7 +28,7 @@ from tofu_tf.models.blocks import (RNG_ALGORITHM, Block, InitialValue, initial_v
 FeedSpec = tuple[tuple[int, ...], str]  # (shape, dtype name)
 STEP_SETTINGS = ("batch_size", "optimizer", "learning_rate", "momentum", "beta1", "beta2",
                  "epsilon", "seed", "graph_only", "dtype",
-                 "layer_functions")  # config keys that are not sizes
+                 "layer_functions", "initializers")  # config keys that are not sizes
 DTYPES = ("float32", "float64")  # valid `dtype` settings; the first is the default
 DEFAULT_DTYPE = DTYPES[0]
 INITIAL_VALUES_SCOPE = "initial_values/"   # graph-only: Consts the initializers share
@@ -96,9 +96,11 @@ class VariableStore:
     """
 
     def __init__(self, *, graph_only: bool, seed: int, dtype: str = DEFAULT_DTYPE,
-                 layer_functions: bool = False):
+                 layer_functions: bool = False, initializers: bool = True):
+        """`initializers=False` (graph-only): variables get no initializer at all."""
         self.graph_only = graph_only
         self.layer_functions = layer_functions
+        self.with_initializers = initializers or not graph_only
         self.blocks: collections.Counter = collections.Counter()   # key -> calls planned
         self._made: list[Block] = []
         self._traces: dict = {}
@@ -166,6 +168,8 @@ class VariableStore:
                             fix="give every variable of a model a distinct name.")
         self._names.add(name)
         shape = [int(d) for d in shape]
+        if self.graph_only and not self.with_initializers:
+            return GraphVariable(None, name, trainable, shape=shape, dtype=self.dtype)
         if self.graph_only and self.layer_functions:     # initialized in `initializers`
             var = GraphVariable(None, name, trainable, shape=shape, dtype=self.dtype)
             self._pending[var] = InitialValue(tuple(shape), float(init_scale), float(offset),

@@ -23,11 +23,13 @@ PAPER_SIZES: dict[str, dict] = {
 
 def build(name: str, *, optimizer: str = "sgd", batch_size: int, graph_only: bool = False,
           seed: int = 0, learning_rate: float | None = None, dtype: str = DEFAULT_DTYPE,
-          **sizes) -> ModelStep:
+          initializers: bool = True, **sizes) -> ModelStep:
     """Builds model `name`'s training step; see `MODELS[name].defaults` for its sizes.
 
     Eager (default): tiny-size friendly, real variables from a NumPy RNG seeded by `seed`.
-    graph_only=True: a GraphDef in a fresh tf.Graph, no weight memory; any size.
+    graph_only=True: a GraphDef in a fresh tf.Graph, no weight memory; any size. With
+    `initializers=False` it has no variable initializers (and no `init` op): a step that
+    is only planned, whose initializers the importer would drop anyway.
     `learning_rate` defaults per optimizer (optimizers.DEFAULT_LEARNING_RATE).
     `dtype` ("float32" default, or "float64") is the float dtype of the whole step:
     variables, optimizer slots and constants, float inputs, masks, batch-norm statistics,
@@ -38,4 +40,5 @@ def build(name: str, *, optimizer: str = "sgd", batch_size: int, graph_only: boo
     if name not in MODELS:
         raise TofuError(f"unknown model '{name}'; valid choices: {', '.join(MODELS)}.")
     return MODELS[name](optimizer=optimizer, batch_size=batch_size, graph_only=graph_only,
-                        seed=seed, learning_rate=learning_rate, dtype=dtype, **sizes)
+                        seed=seed, learning_rate=learning_rate, dtype=dtype,
+                        initializers=initializers, **sizes)
