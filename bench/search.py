@@ -11,7 +11,9 @@ Sections (each merged into bench/results/search.json; the tables go to search.md
   depth (WResNet 50 -> 101, LSTM 4 -> 8 layers) at 8 devices.
 - end_to_end: graph build + import + search in a fresh process (TensorFlow's own import
   excluded), median of `--repeats` processes, for the GPT-2-medium-sized Transformer and
-  ResNet-50 with training-mode BatchNorm (WResNet-50 widen 1, 224x224, batch 8).
+  ResNet-50 with training-mode BatchNorm (WResNet-50 widen 1, 224x224, batch 8). The
+  step is built as every planning path builds it: graph-only, without the variables'
+  initializers (`initializers=False`; the importer would drop them).
 - backends: the whole search with the C++ cost op against the NumPy fallback.
 - gap: on the tiny reference models, the recursive plan against the joint optimum of all
   levels (exact DP over product domains) at 4 = 2x2 and 8 = 2x2x2 devices.

@@ -1,4 +1,5 @@
-"""The batch norm's written-out gradient against the tape's derivation of its formula."""
+"""The written-out gradients of the batch and layer norms against the tape's derivation of
+their formulas."""
 
 import numpy as np
 import tensorflow as tf
@@ -32,3 +33,26 @@ def test_gradient_equals_the_tapes_of_the_plain_formula():
         results.append((y, *tape.gradient(loss, [x, gamma, beta])))
     for want, got in zip(*results):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def _plain_layer_norm(x, gain, bias):
+    mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
+    return (x - mean) * tf.math.rsqrt(variance + layers.NORM_EPSILON) * gain + bias
+
+
+def test_layer_norm_gradient_equals_the_tapes_of_the_plain_formula():
+    rng = np.random.default_rng(1)
+    for shape in ((7, 6), (2, 3, 5)):
+        x = tf.constant(rng.standard_normal(shape) * 2.0 + 0.5)
+        gain = tf.constant(rng.standard_normal(shape[-1:]))
+        bias = tf.constant(rng.standard_normal(shape[-1:]))
+        weights = tf.constant(rng.standard_normal(shape))
+        results = []
+        for norm in (_plain_layer_norm, layers._layer_normalize):
+            with tf.GradientTape() as tape:
+                tape.watch([x, gain, bias])
+                y = norm(x, gain, bias)
+                loss = tf.reduce_sum(tf.square(y * weights))
+            results.append((y, *tape.gradient(loss, [x, gain, bias])))
+        for want, got in zip(*results):
+            np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-10, atol=1e-12)

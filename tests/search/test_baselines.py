@@ -175,7 +175,7 @@ def test_layer_wise_dp_lays_weights_out_by_their_layer():
     assert len(space.domains) < len(model.domains)       # fewer variables than groups
     for g in weights:
         assert space.layers[space.owner[g]] in {"MatMul", "MatMul_1", "MatMul_2",
-                                               "add", "add_1", "add_2"}
+                                               "BiasAdd", "BiasAdd_1", "BiasAdd_2"}
 
 
 def _level_models(graph, entries, k):

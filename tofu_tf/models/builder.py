@@ -163,7 +163,9 @@ def canonical_function_names(graph_def: GraphDef) -> GraphDef:
     """Library functions renamed `block_0`, `block_1`, ... in the order the graph first
     calls them, and the library put in that order (in place; returns it). TensorFlow names
     a traced function after a process-wide counter and orders the library by name; with
-    these names two builds of one step give equal GraphDefs."""
+    these names two builds of one step give equal GraphDefs, but for the
+    `_gradient_op_type` of custom gradients (the norms'): those name the gradient
+    function registered in this process, so they keep TensorFlow's numbering."""
     functions = {f.signature.name: f for f in graph_def.library.function}
     if not functions:
         return graph_def

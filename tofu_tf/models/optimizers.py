@@ -1,11 +1,13 @@
-"""Optimizer updates written as plain variable assignments.
+"""Optimizer updates: one fused op for SGD, plain variable assignments for the others.
 
     sgd:       w -= lr * g
     momentum:  m = mu * m + g;  w -= lr * m
     adam:      t += 1;  m = b1 * m + (1 - b1) * g;  v = b2 * v + (1 - b2) * g^2
                w -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
 
-Every update is a `tf.Variable.assign*` call, so the graph holds AssignVariableOp,
+SGD is one ResourceApplyGradientDescent per variable (TensorFlow's own kernel for
+w -= lr * g, one node where a Mul and an AssignSubVariableOp would be two). The other
+updates are `tf.Variable.assign*` calls, so the graph holds AssignVariableOp,
 AssignSubVariableOp and AssignAddVariableOp nodes. New slot values are computed as tensors
 from one read of the slot and used directly, so the graph needs no read-after-write
 ordering beyond its data edges (the Adam step read is made a control input of its
@@ -17,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import tensorflow as tf
+from tensorflow.python.ops import gen_training_ops
 
 from tofu_tf.errors import TofuError
 from tofu_tf.models.common import VariableStore
@@ -67,7 +70,7 @@ class Optimizer:
 
     def apply(self, grads: list[tf.Tensor]) -> list[tf.Operation]:
         lr = self.constant(self.config.learning_rate)
-        return [var.assign_sub(lr * grad, read_value=False)
+        return [gen_training_ops.resource_apply_gradient_descent(var.handle, lr, grad)
                 for var, grad in zip(self.variables, grads)]
 
 
