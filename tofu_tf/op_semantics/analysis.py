@@ -72,9 +72,10 @@ def clamp_slices(requested: tuple[tuple[int, int], ...], shape: tuple[int, ...]
                  ) -> tuple[tuple[int, int], ...]:
     """Half-open `requested` slices clamped to [0, n) per dim (may be empty, never inverted)."""
     out = []
-    for (a, b), size in zip(requested, shape):
-        start = min(max(a, 0), size)
-        out.append((start, max(min(b, size), start)))
+    for (a, b), size in zip(requested, shape):   # min/max by comparisons: a hot loop
+        start = 0 if a < 0 else (size if a > size else a)
+        stop = size if b > size else b
+        out.append((start, start if stop < start else stop))
     return tuple(out)
 
 
@@ -312,12 +313,16 @@ def analyze(sem: Semantics) -> tuple[Strategy, ...]:
 
 
 def replicated_regions(sem: Semantics) -> tuple[InputRegion, ...]:
-    """What an unsplit copy of the op reads: the regions with every variable whole."""
-    collector = _RegionCollector(len(sem.input_shapes))
-    for compute in sem.computes:
-        if compute is not None:
-            collector.walk(compute.body, _full_env(compute))
-    return _regions(sem, collector)
+    """What an unsplit copy of the op reads: the regions with every variable whole
+    (walked once per Semantics and kept in its __dict__, which renamed copies share)."""
+    cached = sem.__dict__.get("_replicated_regions")
+    if cached is None:
+        collector = _RegionCollector(len(sem.input_shapes))
+        for compute in sem.computes:
+            if compute is not None:
+                collector.walk(compute.body, _full_env(compute))
+        cached = sem.__dict__["_replicated_regions"] = _regions(sem, collector)
+    return cached
 
 
 def strategies_by_var(strategies: Iterable[Strategy]) -> dict[tuple[str, str], Strategy]:

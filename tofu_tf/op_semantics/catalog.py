@@ -16,7 +16,7 @@ from tofu_tf.errors import UnsupportedOpError
 from tofu_tf.graph import Graph, Op
 from tofu_tf.op_semantics.analysis import Strategy
 from tofu_tf.op_semantics.memo import SemanticsMemo
-from tofu_tf.op_semantics.registry import Semantics, opaque_semantics, registered
+from tofu_tf.op_semantics.registry import Semantics, description, opaque_semantics
 
 DESCRIBED, OPAQUE, MISSING = "described", "opaque", "missing"
 NO_DESCRIPTION = "no description (kept whole)"
@@ -35,7 +35,7 @@ class OpEntry:
 
 def catalog_op(graph: Graph, op: Op, memo: SemanticsMemo | None = None) -> OpEntry:
     ins, outs = graph.input_tensors(op), graph.output_tensors(op)
-    if op.type not in registered():
+    if description(op.type) is None:
         whole = opaque_semantics(op.name, op.type, op.attrs, [t.shape for t in ins],
                                  [t.shape for t in outs], reason=NO_DESCRIPTION)
         return OpEntry(op, MISSING, whole, reason=NO_DESCRIPTION)

@@ -27,8 +27,8 @@ COMPUTE_HEAVY = ("MatMul", "BatchMatMulV2", "Einsum", "Conv2D", "Conv2DBackpropI
 
 
 def _type_status(op_type: str) -> str:
-    from tofu_tf.op_semantics.registry import registered
-    desc = registered().get(op_type)
+    from tofu_tf.op_semantics.registry import description
+    desc = description(op_type)
     if desc is None:
         return MISSING
     return DESCRIBED if desc.build is not None else OPAQUE

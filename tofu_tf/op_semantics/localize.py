@@ -22,7 +22,7 @@ import numpy as np
 
 from tofu_tf.errors import PartitionError
 from tofu_tf.op_semantics.analysis import Strategy
-from tofu_tf.op_semantics.registry import Semantics, registered
+from tofu_tf.op_semantics.registry import Semantics, description
 
 Slices = tuple[tuple[int, int], ...]          # half-open [start, stop) per dim
 
@@ -84,8 +84,9 @@ def _pads(requested: Slices, clamped: Slices) -> Slices:
 
 
 def default_local_op(sem: Semantics, strategy: Strategy | None, k: int, part: int
-                     ) -> tuple[LocalOp, LocalContext]:
-    """The local op before any hook: same kernel, derived regions."""
+                     ) -> tuple[LocalOp, tuple[Slices | None, ...]]:
+    """The local op before any hook: same kernel, derived regions; and the unclamped
+    regions per input (a hook's `LocalContext.requested`)."""
     from tofu_tf.op_semantics.analysis import clamp_slices, replicated_regions
     regions = strategy.inputs if strategy is not None else replicated_regions(sem)
     lo, hi = strategy.part(k, part) if strategy is not None else (0, 0)
@@ -100,26 +101,25 @@ def default_local_op(sem: Semantics, strategy: Strategy | None, k: int, part: in
         slices.append(clamped)
         fills.append(region.fill)
         pads.append(_pads(req, clamped) if region.fill is not None
-                    else tuple((0, 0) for _ in shape))
-    scales = []
-    for state in (strategy.outputs if strategy is not None else ()):
-        scales.append((hi - lo + 1) / strategy.extent if state.reducer == "mean" else 1.0)
+                    else ((0, 0),) * len(shape))
     n_out = len(sem.output_shapes)
+    scales = (1.0,) * n_out
+    if strategy is not None and strategy.outputs:
+        scales = tuple((hi - lo + 1) / strategy.extent if state.reducer == "mean" else 1.0
+                       for state in strategy.outputs)
     local = LocalOp(sem.op_type, dict(sem.attrs), tuple(slices), tuple(pads), tuple(fills),
-                    {}, _output_slices(sem, strategy, k, part), (None,) * n_out,
-                    tuple(scales) if scales else (1.0,) * n_out)
-    ctx = LocalContext(sem, strategy, k, part, tuple(requested))
-    return local, ctx
+                    {}, _output_slices(sem, strategy, k, part), (None,) * n_out, scales)
+    return local, tuple(requested)
 
 
 def localize(sem: Semantics, strategy: Strategy | None, k: int, part: int) -> LocalOp:
     """The local op of part `part` (strategy None: an unsplit copy of the op)."""
-    local, ctx = default_local_op(sem, strategy, k, part)
-    desc = registered().get(sem.op_type)
+    local, requested = default_local_op(sem, strategy, k, part)
+    desc = description(sem.op_type)
     hook = desc.localize if desc is not None else None
     if hook is not None:
         derived = local.input_slices          # tuples: the hook cannot change them in place
-        local = hook(ctx, local)
+        local = hook(LocalContext(sem, strategy, k, part, requested), local)
         _check_narrowed(sem, local.input_slices, derived)
     return local
 

@@ -211,8 +211,15 @@ def _load_families() -> None:
 
 
 def registered() -> dict[str, Description]:
+    """Every description by op type (a copy)."""
     _load_families()
     return dict(_REGISTRY)
+
+
+def description(op_type: str) -> Description | None:
+    """The description of `op_type`, None when it has none (no copy: per op, hot)."""
+    _load_families()
+    return _REGISTRY.get(op_type)
 
 
 def lookup(op_type: str) -> Description:

@@ -132,9 +132,11 @@ def clamp_box(box: Box, shape: tuple[int, ...], delta: tuple[int, ...],
     inverted."""
     limits = clamp_to or tuple((0, n) for n in shape)
     out = []
-    for (a, b), (lo, hi), d in zip(box, limits, delta):
-        start = min(max(a + d, lo), hi)
-        out.append((start, max(start, min(max(b + d, lo), hi))))
+    for (a, b), (lo, hi), d in zip(box, limits, delta):   # min/max by comparisons: hot
+        start, stop = a + d, b + d
+        start = lo if start < lo else (hi if start > hi else start)
+        stop = lo if stop < lo else (hi if stop > hi else stop)
+        out.append((start, start if stop < start else stop))
     return tuple(out)
 
 
@@ -271,26 +273,24 @@ def build_choices(problem: Problem) -> None:
 
 @dataclass
 class _Batch:
-    """Boxes of every (op, choice, tensor) entry, for one `overlaps` call."""
-    boxes: list[np.ndarray] = field(default_factory=list)
-    shapes: list[np.ndarray] = field(default_factory=list)
+    """Boxes of every (op, choice, tensor) entry, for one `overlaps` call: nested lists,
+    padded to `rank` (box (0, 1), size 1 past a tensor's rank), made one array in `run`."""
+    rank: int
+    boxes: list[list] = field(default_factory=list)
+    shapes: list[list] = field(default_factory=list)
 
-    def add(self, boxes: tuple[Box, ...], shape: tuple[int, ...], rank: int) -> int:
-        array = np.zeros((len(boxes), rank, 2), dtype=np.int64)
-        array[..., 1] = 1
-        for p, box in enumerate(boxes):
-            if box:
-                array[p, :len(box)] = box
-        padded = np.ones(rank, dtype=np.int64)
-        padded[:len(shape)] = shape
-        self.boxes.append(array)
-        self.shapes.append(padded)
+    def add(self, boxes: tuple[Box, ...], shape: tuple[int, ...]) -> int:
+        pad = self.rank - len(shape)
+        self.boxes.append([list(box) + [(0, 1)] * (self.rank - len(box)) if box
+                           else [(0, 1)] * self.rank for box in boxes])
+        self.shapes.append(list(shape) + [1] * pad)
         return len(self.boxes) - 1
 
     def run(self, k: int) -> np.ndarray:
         if not self.boxes:
             return np.zeros((0, 1), dtype=np.int64)
-        return overlaps(np.stack(self.boxes), np.stack(self.shapes), k)
+        return overlaps(np.array(self.boxes, dtype=np.int64),
+                        np.array(self.shapes, dtype=np.int64), k)
 
 
 def _state_columns(problem: Problem, spec: TensorSpec, rank: int) -> list[int]:
@@ -335,14 +335,14 @@ def cost_vectors(problem: Problem) -> OpVectors:
     search cache); all new boxes go through one `overlaps` call."""
     k = problem.k
     rank = max([len(t.shape) for t in problem.tensors.values()] + [1])
-    batch = _Batch()
+    batch = _Batch(rank)
     finished = problem.cache.vectors
     pending: dict = {}                  # geometry key or op name (no geometry) -> entries
     for op in problem.ops:
         key = geometry(problem, op)
         pending_key = op.name if key is None else key
         if key not in finished and pending_key not in pending:
-            pending[pending_key] = [_pending_entries(problem, op, choice, batch, rank)
+            pending[pending_key] = [_pending_entries(problem, op, choice, batch)
                                     for choice in problem.choices[op.name]]
     volumes = batch.run(k)
     unique = {}
@@ -358,24 +358,24 @@ def tensor_at(op: ProblemOp, position: tuple[str, int]) -> str:
     return op.inputs[index] if kind == "in" else op.outputs[index]
 
 
-def _pending_entries(problem, op, choice, batch, rank) -> list[tuple]:
+def _pending_entries(problem, op, choice, batch: _Batch) -> list[tuple]:
     """(kind, position, tensor spec, batch rows) per tensor the choice moves."""
     entries = []
     for i, boxes in enumerate(choice.input_boxes):
         if boxes is not None:
             spec = problem.tensors[op.inputs[i]]
             extra = choice.input_extra[i] if i < len(choice.input_extra) else 0
-            entries.append(("fetch", ("in", i), spec, batch.add(boxes, spec.shape, rank),
+            entries.append(("fetch", ("in", i), spec, batch.add(boxes, spec.shape),
                             extra))
     for o, state in enumerate(choice.produced):
         spec = output_spec(problem, op, o)
         domain = _domain(choice.output_boxes[o], spec.shape)
-        dom_index = batch.add((domain,) * problem.k, spec.shape, rank)
+        dom_index = batch.add((domain,) * problem.k, spec.shape)
         if state.kind == "partial":
             entries.append(("partial", ("out", o), spec, dom_index, None))
         elif state.kind == "split":
             entries.append(("convert", ("out", o), spec, dom_index,
-                            (batch.add(choice.output_boxes[o], spec.shape, rank),
+                            (batch.add(choice.output_boxes[o], spec.shape),
                              box_volume(_whole(spec.shape)) - box_volume(domain))))
         else:
             entries.append(("replicated", ("out", o), spec, dom_index,
