@@ -18,21 +18,27 @@ def _batch_norm(x, gamma, beta):
     return layers._normalize(x, mean, variance, gamma, beta)
 
 
+def _assert_same_values_and_gradients(plain, written, x, scale, shift, weights):
+    """y and the gradients of sum((y * weights)^2) (a loss that is not a plain sum) with
+    respect to x, scale and shift agree between the two norms."""
+    results = []
+    for norm in (plain, written):
+        with tf.GradientTape() as tape:
+            tape.watch([x, scale, shift])
+            y = norm(x, scale, shift)
+            loss = tf.reduce_sum(tf.square(y * weights))
+        results.append((y, *tape.gradient(loss, [x, scale, shift])))
+    for want, got in zip(*results):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-10, atol=1e-12)
+
+
 def test_gradient_equals_the_tapes_of_the_plain_formula():
     rng = np.random.default_rng(0)
     x = tf.constant(rng.standard_normal((3, 4, 5, 6)) * 2.0 + 0.5)
     gamma = tf.constant(rng.standard_normal(6))
     beta = tf.constant(rng.standard_normal(6))
-    weights = tf.constant(rng.standard_normal((3, 4, 5, 6)))   # a loss that is not a plain sum
-    results = []
-    for norm in (_plain, _batch_norm):
-        with tf.GradientTape() as tape:
-            tape.watch([x, gamma, beta])
-            y = norm(x, gamma, beta)
-            loss = tf.reduce_sum(tf.square(y * weights))
-        results.append((y, *tape.gradient(loss, [x, gamma, beta])))
-    for want, got in zip(*results):
-        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-10, atol=1e-12)
+    weights = tf.constant(rng.standard_normal((3, 4, 5, 6)))
+    _assert_same_values_and_gradients(_plain, _batch_norm, x, gamma, beta, weights)
 
 
 def _plain_layer_norm(x, gain, bias):
@@ -47,12 +53,5 @@ def test_layer_norm_gradient_equals_the_tapes_of_the_plain_formula():
         gain = tf.constant(rng.standard_normal(shape[-1:]))
         bias = tf.constant(rng.standard_normal(shape[-1:]))
         weights = tf.constant(rng.standard_normal(shape))
-        results = []
-        for norm in (_plain_layer_norm, layers._layer_normalize):
-            with tf.GradientTape() as tape:
-                tape.watch([x, gain, bias])
-                y = norm(x, gain, bias)
-                loss = tf.reduce_sum(tf.square(y * weights))
-            results.append((y, *tape.gradient(loss, [x, gain, bias])))
-        for want, got in zip(*results):
-            np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-10, atol=1e-12)
+        _assert_same_values_and_gradients(_plain_layer_norm, layers._layer_normalize,
+                                          x, gain, bias, weights)
