@@ -75,7 +75,7 @@ def brute_force(model: LevelModel) -> float:
     """min over every assignment, through the op tables broadcast over all groups."""
     total = np.zeros(model.domains)
     for op in model.vectors:
-        scope, table, _ = model.op_table(op)
+        scope, table, *_ = model.op_table(op)
         total = total + table.reshape([model.domains[g] if g in scope else 1
                                        for g in range(len(model.domains))])
     return float(total.min())
@@ -105,6 +105,43 @@ def test_ilp_equals_dp_and_brute_force(model):
 @given(random_cuts(forbidden=True))
 def test_ilp_with_forbidden_states_equals_dp_and_brute_force(model):
     _check_ilp_against_dp(model)
+
+
+def _bytes_and_transfers(model: LevelModel, assignment) -> tuple[float, int]:
+    total, transfers = 0.0, 0
+    for op in model.vectors:
+        scope, table, _, moves = model.op_table(op)
+        index = tuple(assignment[g] for g in scope)
+        total += table[index]
+        transfers += int(moves[index])
+    return total, transfers
+
+
+@settings(max_examples=150, deadline=None)
+@given(random_cuts())
+def test_byte_ties_go_to_the_fewest_transfers(model):
+    """The ranked DP keeps the least bytes exactly and, among the assignments with those
+    bytes, makes the fewest transfers (brute force over every assignment)."""
+    everything = [_bytes_and_transfers(model, a)
+                  for a in itertools.product(*(range(d) for d in model.domains))]
+    least = min(b for b, _ in everything)
+    fewest = min(t for b, t in everything if b == least)
+    factors, _ = model.factors(ranked=True)
+    solution = dp.solve(model.domains, factors)
+    assert _bytes_and_transfers(model, solution.assignment) == (least, fewest)
+    assert model.evaluate(solution.assignment)[0] == least
+
+
+def test_a_bias_all_reduced_beats_split_gather_and_reduce_scatter():
+    """Both move 2 (k - 1) x its bytes over a cut; stored R it is one transfer, not two."""
+    bias = np.array([0.0, 0.0])          # states: S(0), R
+    gather = np.array([4.0, 0.0])        # the forward op reads it whole
+    reduce = np.array([4.0, 8.0])        # its gradient: reduce-scatter or all-reduce
+    coarse = CoarseGraph({"b": 0, "g": 0}, (("b", "g"),), (0.0,), {})
+    model = LevelModel(None, coarse, {"add": [[("b", gather)]], "grad": [[("g", reduce)]],
+                                      "read": [[("b", bias)]]}, [2])
+    assert model.factors()[0][0].table.tolist() == [8.0, 8.0]
+    assert dp.solve([2], model.factors(ranked=True)[0]).assignment == (1,)
 
 
 # -- reference models: one cut -------------------------------------------------------------

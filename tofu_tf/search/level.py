@@ -7,6 +7,18 @@ evaluates assignments through it, so their numbers compare like with like:
                    sum over the op's tensors t of  vector[c][t][state of t's group]
 
 where the vectors are bytes (cost.py). `solve_level` minimises it exactly with dp.solve.
+
+Ties. Bytes are whole numbers, and many assignments move the same bytes: a bias stored
+Split, gathered for the forward op and reduce-scattered from its gradient, moves what it
+moves stored R and all-reduced. Among the byte-optimal assignments the search takes one with
+the fewest transfers (an op's entry moving bytes > 0 counts one; each has a latency):
+
+    ranked(states) = cost(states) + epsilon * transfers(states),
+    epsilon = 1 / (2 * (1 + sum over ops of the most transfers any choice makes))
+
+so epsilon * transfers < 1/2 < the least byte difference, and the order by bytes is kept
+exactly. Each op's choice is the same (least bytes, then fewest transfers); ties left after
+that go to the lowest state index (Split on the lowest dim, before R).
 """
 
 from __future__ import annotations
@@ -32,6 +44,7 @@ class LevelModel:
     domains: list[int]                                        # group -> number of states
     _tables: dict = field(default_factory=dict, repr=False)
     _shared: dict = field(default_factory=dict, repr=False)
+    _epsilon: float | None = field(default=None, repr=False)
 
     @staticmethod
     def build(problem: Problem, coarse: CoarseGraph) -> "LevelModel":
@@ -47,8 +60,9 @@ class LevelModel:
     def op_scope(self, op: str) -> tuple[int, ...]:
         return self.op_table(op)[0]
 
-    def op_table(self, op: str) -> tuple[tuple[int, ...], np.ndarray, np.ndarray]:
-        """(scope, table = min over choices, argmin choice) over the op's groups, sorted.
+    def op_table(self, op: str) -> tuple[tuple[int, ...], np.ndarray, np.ndarray, np.ndarray]:
+        """(scope, table = min over choices, argmin choice, transfers of that choice) over
+        the op's groups, sorted.
         Ops with equal vectors (one geometry) whose tensors fall into groups in the same
         pattern share the arrays; the pattern ranks each tensor's group among the op's."""
         cached = self._tables.get(op)
@@ -62,8 +76,8 @@ class LevelModel:
                 shared = self._op_table(op, pattern, distinct)
                 if key is not None:
                     self._shared[(key, pattern)] = shared
-            used, table, argmin = shared
-            cached = self._tables[op] = (tuple(distinct[i] for i in used), table, argmin)
+            used, *tables = shared
+            cached = self._tables[op] = (tuple(distinct[i] for i in used), *tables)
         return cached
 
     def _pattern(self, op: str) -> tuple[list[int], tuple[int, ...]]:
@@ -81,17 +95,16 @@ class LevelModel:
         return found[1], found[2]
 
     def _op_table(self, op: str, pattern, distinct):
-        """(pattern ranks with vectors, min table over them, argmin) for one op."""
+        """(pattern ranks with vectors, min table, argmin, transfers) for one op."""
         n_in = len(self.vectors.ops[op].inputs)
         positional = self.vectors.positional(op)
         ranks = [[pattern[i if kind == "in" else n_in + i] for (kind, i), _ in entries]
                  for entries in positional]
         used = tuple(sorted({r for row in ranks for r in row}))
-        table, argmin = _min_table(
+        return (used, *_min_table(
             [[(used.index(r), v) for r, (_, v) in zip(row, entries)]
              for row, entries in zip(ranks, positional)],
-            [self.domains[distinct[r]] for r in used])
-        return used, table, argmin
+            [self.domains[distinct[r]] for r in used]))
 
     def _named_table(self, op: str):
         """op_table from plain {op: [[(tensor, vector)]]} vectors (models built by hand)."""
@@ -101,18 +114,37 @@ class LevelModel:
                                     for entries in self.vectors[op]],
                                    [self.domains[g] for g in scope]))
 
-    def factors(self) -> tuple[list[dp.Factor], float]:
+    @property
+    def epsilon(self) -> float:
+        """The weight of one transfer in `ranked` tables (module docstring)."""
+        if self._epsilon is None:
+            tables, op_table = self._tables, self.op_table
+            most = sum(int((tables.get(op) or op_table(op))[3].max()) for op in self.vectors)
+            self._epsilon = 1.0 / (2 * (1 + most))
+        return self._epsilon
+
+    def ranked_table(self, op: str) -> np.ndarray:
+        """The op's table plus epsilon x its transfers: what a search minimises."""
+        _, table, _, transfers = self._tables.get(op) or self.op_table(op)
+        return table + self.epsilon * transfers
+
+    def factors(self, ranked: bool = False) -> tuple[list[dp.Factor], float]:
         """The DP's factors over groups with a choice — ops with one scope summed into one
         factor — and `constant`: the bytes of ops whose groups all have one state (the
-        same in every assignment)."""
+        same in every assignment). `ranked`: each table plus epsilon x its transfers, so
+        that byte ties go to fewer transfers (module docstring)."""
         merged: dict[tuple[int, ...], np.ndarray] = {}
         constant = 0.0
         squeezed: dict[int, tuple] = {}          # id(table) -> (free axes, table on them)
         tables, op_table = self._tables, self.op_table
+        epsilon = self.epsilon if ranked else 0.0
         for op in self.vectors:
-            scope, table, _ = tables.get(op) or op_table(op)
-            axes, free_table = squeezed.get(id(table)) or squeezed.setdefault(
-                id(table), _squeeze(table))
+            scope, table, _, transfers = tables.get(op) or op_table(op)
+            found = squeezed.get(id(table))
+            if found is None:
+                found = squeezed[id(table)] = _squeeze(
+                    table + epsilon * transfers if ranked else table)
+            axes, free_table = found
             if not axes:
                 constant += free_table.item()
                 continue
@@ -141,7 +173,7 @@ class LevelModel:
         total, chosen = 0.0, {}
         tables, op_table = self._tables, self.op_table
         for op in self.vectors:
-            scope, table, argmin = tables.get(op) or op_table(op)
+            scope, table, argmin, _ = tables.get(op) or op_table(op)
             index = tuple([assignment[g] for g in scope])
             total += table.item(index)
             chosen[op] = argmin.item(index)
@@ -170,14 +202,20 @@ def _squeeze(table: np.ndarray) -> tuple[tuple[int, ...], np.ndarray]:
 
 
 def _min_table(per_choice: list[list[tuple[int, np.ndarray]]], shape: list[int]):
-    """min and argmin over choices of the sum of each choice's (axis, vector) terms."""
+    """Over choices of the sum of each choice's (axis, vector) terms: the min, the
+    argmin (least bytes, then fewest terms moving bytes > 0, then the first choice) and
+    that choice's number of such terms (its transfers)."""
     tables = np.zeros([len(per_choice)] + shape)
+    transfers = np.zeros([len(per_choice)] + shape, dtype=np.int64)
     for c, terms in enumerate(per_choice):
         for axis, vector in terms:
             view = [1] * len(shape)
             view[axis] = len(vector)
             tables[c] += vector.reshape(view)
-    return tables.min(axis=0), tables.argmin(axis=0)
+            transfers[c] += (vector > 0).reshape(view)
+    least = tables.min(axis=0)
+    argmin = np.where(tables == least, transfers, np.iinfo(np.int64).max).argmin(axis=0)
+    return least, argmin, np.take_along_axis(transfers, argmin[None], axis=0)[0]
 
 
 @dataclass(frozen=True)
@@ -198,7 +236,7 @@ def solve_level(model: LevelModel, max_table: int = dp.MAX_TABLE,
     """The exact optimum of one level (unless the DP's table bound forces its fallback):
     least bytes moved, plus `memory_weight` x the bytes one device stores."""
     start = time.perf_counter()
-    factors = model.factors()[0]
+    factors = model.factors(ranked=True)[0]
     if memory_weight:
         factors = factors + model.storage_factors(memory_weight)
     solution = dp.solve(model.domains, factors,
