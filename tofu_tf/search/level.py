@@ -119,7 +119,13 @@ class LevelModel:
         """The weight of one transfer in `ranked` tables (module docstring)."""
         if self._epsilon is None:
             tables, op_table = self._tables, self.op_table
-            most = sum(int((tables.get(op) or op_table(op))[3].max()) for op in self.vectors)
+            most, seen = 0, {}                 # id(transfers) -> its max: shared tables
+            for op in self.vectors:
+                transfers = (tables.get(op) or op_table(op))[3]
+                found = seen.get(id(transfers))
+                if found is None:
+                    found = seen[id(transfers)] = int(transfers.max())
+                most += found
             self._epsilon = 1.0 / (2 * (1 + most))
         return self._epsilon
 
