@@ -97,10 +97,11 @@ class VariableStore:
 
     def __init__(self, *, graph_only: bool, seed: int, dtype: str = DEFAULT_DTYPE,
                  layer_functions: bool = False, initializers: bool = True):
-        """`initializers=False` (graph-only): variables get no initializer at all."""
+        """`initializers=False` (graph-only; eager variables always have values):
+        variables get no initializer at all."""
         self.graph_only = graph_only
         self.layer_functions = layer_functions
-        self.with_initializers = initializers or not graph_only
+        self.with_initializers = initializers
         self.blocks: collections.Counter = collections.Counter()   # key -> calls planned
         self._made: list[Block] = []
         self._traces: dict = {}

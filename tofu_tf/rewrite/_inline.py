@@ -27,7 +27,7 @@ from typing import Mapping
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 from tensorflow.python.framework import function_def_to_graph
 
-from tofu_tf.rewrite._normalise import _output_index, node_of
+from tofu_tf.rewrite._normalise import _output_index, node_of, reachable
 
 CALL_TYPES = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
 
@@ -218,25 +218,12 @@ def inline_calls(graph_def: graph_pb2.GraphDef, keep=(), prune: bool = False
         inliner.rewire(record)
     records = inliner.records
     if prune:
-        reached = _fan_in(records, keep)
+        reached = reachable({r.name: r.inputs for r in records}, keep)
         records = [r for r in records if r.name in reached]
     out = graph_pb2.GraphDef()
     out.versions.CopyFrom(graph_def.versions)
     out.node.extend(_written(r) for r in records)
     return out
-
-
-def _fan_in(records: list[_Record], roots) -> set[str]:
-    by_name = {r.name: r for r in records}
-    keep: set[str] = set()
-    stack = [name for name in roots if name in by_name]
-    while stack:
-        name = stack.pop()
-        if name not in keep:
-            keep.add(name)
-            stack.extend(n for n in map(node_of, by_name[name].inputs) if n not in keep
-                         and n in by_name)
-    return keep
 
 
 def _written(record: _Record) -> node_def_pb2.NodeDef:

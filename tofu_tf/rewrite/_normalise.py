@@ -194,18 +194,23 @@ def strip_const_control_inputs(graph_def: graph_pb2.GraphDef) -> bool:
     return stripped
 
 
-def fan_in(graph_def: graph_pb2.GraphDef, roots: Iterable[str]) -> set[str]:
-    """Names of the nodes reachable backwards (data and control inputs) from `roots`."""
-    by_name = {node.name: node for node in graph_def.node}
+def reachable(inputs: Mapping[str, Iterable[str]], roots: Iterable[str]) -> set[str]:
+    """Names reachable backwards from `roots` (node or tensor names) through `inputs`
+    (node -> its data and '^'-control inputs); names not in `inputs` are left out."""
     keep: set[str] = set()
     stack = [node_of(r) for r in roots]
     while stack:
         name = stack.pop()
-        if name in keep or name not in by_name:
+        if name in keep or name not in inputs:
             continue  # a dangling input is reported when the graph is imported
         keep.add(name)
-        stack.extend(node_of(i) for i in by_name[name].input if node_of(i) not in keep)
+        stack.extend(n for n in map(node_of, inputs[name]) if n not in keep)
     return keep
+
+
+def fan_in(graph_def: graph_pb2.GraphDef, roots: Iterable[str]) -> set[str]:
+    """Names of the nodes reachable backwards (data and control inputs) from `roots`."""
+    return reachable({node.name: node.input for node in graph_def.node}, roots)
 
 
 def unreached(graph_def: graph_pb2.GraphDef, fetches: Iterable[str],
