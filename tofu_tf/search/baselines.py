@@ -26,9 +26,11 @@ DP (each op takes its cheapest choice under the picked tensor states), so their
                   OptCNN's chain DP; on residual or attention branches: min-sum elimination).
 
 "Best states given the fixed ones" is always the exact DP over the free groups with the
-fixed groups' domains cut to one state (`best_completion`). Byte ties go to fewer
-transfers, then to the lowest state index (Split on the lowest dim before R), as in the
-exact DP (level.py). Level results say `exact=False`: a baseline is
+fixed groups' domains cut to one state (`best_completion`). Ties pick the lowest state
+index (Split on the lowest dim before R), as the rules were published; the exact DP's
+tie-break by fewest transfers (level.py) is this search's own. Given that tie-break too,
+Spartan's completions get cheaper inner levels: on WResNet at 8 devices it then beats the
+recursion by up to 3% (bench/results/search.md), the recursion's myopia across levels. Level results say `exact=False`: a baseline is
 not the optimum of its level.
 """
 
@@ -60,13 +62,12 @@ Observer = Callable[[LevelModel, LevelResult], None]
 # -- shared helpers ----------------------------------------------------------------------
 
 def op_factors(model: LevelModel) -> list[tuple[str, dp.Factor]]:
-    """(op name, factor over its groups) for every op touching a data tensor; ranked
-    tables, so that byte ties go to fewer transfers as in the exact DP."""
+    """(op name, factor over its groups) for every op touching a data tensor."""
     out = []
     for op in model.vectors:
-        scope = model.op_scope(op)
+        scope, table, *_ = model.op_table(op)
         if scope:
-            out.append((op, dp.Factor(scope, model.ranked_table(op))))
+            out.append((op, dp.Factor(scope, table)))
     return out
 
 

@@ -116,7 +116,7 @@ class LevelModel:
 
     @property
     def epsilon(self) -> float:
-        """The weight of one transfer in `ranked` tables (module docstring)."""
+        """The weight of one transfer in ranked factors (module docstring)."""
         if self._epsilon is None:
             tables, op_table = self._tables, self.op_table
             most, seen = 0, {}                 # id(transfers) -> its max: shared tables
@@ -128,11 +128,6 @@ class LevelModel:
                 most += found
             self._epsilon = 1.0 / (2 * (1 + most))
         return self._epsilon
-
-    def ranked_table(self, op: str) -> np.ndarray:
-        """The op's table plus epsilon x its transfers: what a search minimises."""
-        _, table, _, transfers = self._tables.get(op) or self.op_table(op)
-        return table + self.epsilon * transfers
 
     def factors(self, ranked: bool = False) -> tuple[list[dp.Factor], float]:
         """The DP's factors over groups with a choice — ops with one scope summed into one
