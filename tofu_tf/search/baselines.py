@@ -31,8 +31,8 @@ index (Split on the lowest dim before R), as the rules were published; the exact
 tie-break by fewest transfers (level.py) is this search's own. Given that tie-break too,
 Spartan's completions get cheaper inner levels and it beats the recursion on some WResNet
 configurations (WResNet-152-w10 at 8 devices: 37.79 GB against 38.92 GB, 2.9%): the
-recursion's myopia across levels, measured, not hidden. Level results say `exact=False`: a baseline is
-not the optimum of its level.
+recursion's myopia across levels. Level results say `exact=False`: a baseline is not
+the optimum of its level.
 """
 
 from __future__ import annotations
