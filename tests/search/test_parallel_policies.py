@@ -94,3 +94,29 @@ def test_the_child_is_not_waited_for_when_its_policy_cannot_win(graph, forked, m
     monkeypatch.setattr(recursive, "_recurse", _in_the_child(os.getpid(), lambda: os._exit(3)))
     result = recursive.search(graph, Topology.default(8), options=options)
     assert result.total_bytes == sequential.total_bytes
+
+
+def test_a_plan_from_the_child_gets_its_last_level_back(graph, forked, monkeypatch):
+    """The child's result crosses the pipe without its last level's model; when it wins,
+    the model is rebuilt from its levels: what one device holds is what a search of that
+    policy here finds."""
+    parent, real = os.getpid(), recursive._recurse
+
+    def costly_here(*args, **kwargs):             # make the parent's policy lose
+        result = real(*args, **kwargs)
+        if os.getpid() != parent:
+            return result
+        levels = tuple(dataclasses.replace(level, bytes=level.bytes * 10)
+                       for level in result.levels)
+        return dataclasses.replace(result, levels=levels, replicates_variables=True)
+
+    monkeypatch.setattr(recursive, "_recurse", costly_here)
+    result = recursive.search(graph, Topology.default(8))
+    monkeypatch.undo()
+    here = recursive.search(graph, Topology.default(8),
+                            options=Options(variable_storage=VariableStorage.PARTITIONED))
+    assert result.variable_storage is VariableStorage.PARTITIONED and result.last is not None
+    device, expected = (recursive.device_problem(*r.last) for r in (result, here))
+    assert {n: t.shape for n, t in device.tensors.items()} == \
+        {n: t.shape for n, t in expected.tensors.items()}
+    assert result.memory == here.memory

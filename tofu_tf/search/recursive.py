@@ -179,7 +179,21 @@ def _search(graph, topology, solver, entries, options, memory_weight, cache,
         best = min(results, key=lambda r: r.total_bytes + memory_weight * r.memory.peak_bytes)
     else:
         best = min(results, key=lambda r: r.cost(objective)).with_memory(graph)
+    if best.last is None:      # the forked child's plan won: rebuild its last level's model
+        best = dataclasses.replace(best, last=_replay(
+            graph, topology, entries, coarse, options, best.variable_storage, cache,
+            best.levels))
     return dataclasses.replace(best, seconds=time.perf_counter() - start)
+
+
+def _replay(graph, topology, entries, coarse, options, policy, cache, levels
+            ) -> tuple[LevelModel, LevelResult]:
+    """The last level's model under the chosen `levels` (no level is solved again)."""
+    models = level_models(graph, topology, entries, coarse, options, policy, cache)
+    model = next(models)
+    for result in levels[:-1]:
+        model = models.send(result)
+    return model, levels[-1]
 
 
 def _both_policies(graph: Graph, coarse: CoarseGraph, run) -> list[SearchResult]:
