@@ -44,7 +44,6 @@ class LevelModel:
     domains: list[int]                                        # group -> number of states
     _tables: dict = field(default_factory=dict, repr=False)
     _shared: dict = field(default_factory=dict, repr=False)
-    _epsilon: float | None = field(default=None, repr=False)
 
     @staticmethod
     def build(problem: Problem, coarse: CoarseGraph) -> "LevelModel":
@@ -114,20 +113,17 @@ class LevelModel:
                                     for entries in self.vectors[op]],
                                    [self.domains[g] for g in scope]))
 
-    @property
-    def epsilon(self) -> float:
+    def _epsilon(self) -> float:
         """The weight of one transfer in ranked factors (module docstring)."""
-        if self._epsilon is None:
-            tables, op_table = self._tables, self.op_table
-            most, seen = 0, {}                 # id(transfers) -> its max: shared tables
-            for op in self.vectors:
-                transfers = (tables.get(op) or op_table(op))[3]
-                found = seen.get(id(transfers))
-                if found is None:
-                    found = seen[id(transfers)] = int(transfers.max())
-                most += found
-            self._epsilon = 1.0 / (2 * (1 + most))
-        return self._epsilon
+        tables, op_table = self._tables, self.op_table
+        most, seen = 0, {}                     # id(transfers) -> its max: shared tables
+        for op in self.vectors:
+            transfers = (tables.get(op) or op_table(op))[3]
+            found = seen.get(id(transfers))
+            if found is None:
+                found = seen[id(transfers)] = int(transfers.max())
+            most += found
+        return 1.0 / (2 * (1 + most))
 
     def factors(self, ranked: bool = False) -> tuple[list[dp.Factor], float]:
         """The DP's factors over groups with a choice — ops with one scope summed into one
@@ -138,7 +134,7 @@ class LevelModel:
         constant = 0.0
         squeezed: dict[int, tuple] = {}          # id(table) -> (free axes, table on them)
         tables, op_table = self._tables, self.op_table
-        epsilon = self.epsilon if ranked else 0.0
+        epsilon = self._epsilon() if ranked else 0.0
         for op in self.vectors:
             scope, table, _, transfers = tables.get(op) or op_table(op)
             found = squeezed.get(id(table))
