@@ -8,8 +8,8 @@ variables and returns its `apply`. In a graph-only build, calling the block call
 key:
 
     arguments  the block's inputs, then the values of its variables (read outside)
-    results    the block's outputs, then the new values of the variables it assigns
-               (batch-norm statistics; the assignments are made outside)
+    results    the block's outputs, then the values the block writes to its variables
+               (batch-norm statistics; the writes, assign or assign_sub, are made outside)
 
 so the function is pure, and its gradient (the tape's backward function) is built once
 too. A key called once in all is built op by op: its function, inference and backward,
@@ -58,8 +58,8 @@ class Block:
         if not isinstance(results, (list, tuple)):
             results = [results]
         outputs, updates = results[:trace.num_outputs], results[trace.num_outputs:]
-        for index, value in zip(trace.assigned, updates):
-            self._store.add_update(self.variables[index].assign(value, read_value=False))
+        for (index, method), value in zip(trace.writes, updates):
+            self._store.add_update(getattr(self.variables[index], method)(value))
         return outputs[0] if trace.single else tuple(outputs)
 
     def _trace(self, inputs) -> "_Trace":
@@ -76,7 +76,7 @@ class _Trace:
 
     def __init__(self, block: Block, inputs: Sequence[tf.Tensor]):
         self.num_inputs = len(inputs)
-        self.assigned: tuple[int, ...] = ()
+        self.writes: tuple[tuple[int, str], ...] = ()    # (variable index, write method)
         self.single = True
         self.num_outputs = 1
         specs = [tf.TensorSpec(t.shape, t.dtype, name=f"input_{i}")
@@ -94,14 +94,15 @@ class _Trace:
             self.single = not isinstance(out, (list, tuple))
             outputs = [out] if self.single else list(out)
             self.num_outputs = len(outputs)
-            self.assigned = tuple(block.variables.index(var) for var, _ in updates)
-            return outputs + [value for _, value in updates]
+            self.writes = tuple((block.variables.index(var), method)
+                                for var, method, _ in updates)
+            return outputs + [value for _, _, value in updates]
         return body
 
 
 @contextmanager
 def _bound(variables, values):
-    """Reads of `variables` return `values`; their assignments are recorded (yielded)."""
+    """Reads of `variables` return `values`; their writes are recorded (yielded)."""
     updates: list = []
     for var, value in zip(variables, values):
         var.bind(value)
@@ -114,11 +115,12 @@ def _bound(variables, values):
             var.bind(None)
 
 
-def record_assignment(var, value) -> None:
-    """A bound variable's assignment inside a block's trace: made outside, after the call."""
+def record_write(var, method: str, value) -> None:
+    """A bound variable's write (`method` "assign" or "assign_sub" of `value`) inside a
+    block's trace: made outside, after the call."""
     if not _RECORDING:
         raise TofuError(f"variable '{var.name}' is bound outside a block's trace.")
-    _RECORDING[-1].append((var, value))
+    _RECORDING[-1].append((var, method, value))
 
 
 @dataclass(frozen=True)

@@ -139,7 +139,7 @@ def _build_eager(setup: _Setup) -> dict:
         return loss
 
     concrete = step.get_concrete_function()
-    return {"graph_def": concrete.graph.as_graph_def(add_shapes=True),
+    return {"graph_def": concrete.graph.as_graph_def(),
             "fetches": [f"{LOSS_NAME}:0", TRAIN_OP_NAME],
             "feeds": _feeds(concrete.inputs[:2]), "step": step,
             "concrete_function": concrete, "variables": store.variables}
@@ -154,7 +154,7 @@ def _build_graph_only(setup: _Setup) -> dict:
         loss, train_op = train_step(loss_fn, store, optimizer, x, y)
         init_op = (tf.group(*store.initializers(), name=INIT_OP_NAME).name
                    if setup.initializers else None)
-    return {"graph_def": canonical_function_names(graph.as_graph_def(add_shapes=True)),
+    return {"graph_def": canonical_function_names(graph.as_graph_def()),
             "fetches": [loss.name, train_op.name], "feeds": _feeds((x, y)),
             "init_op": init_op}
 

@@ -23,7 +23,7 @@ from tensorflow.python.ops import (gen_array_ops, gen_resource_variable_ops,
 
 from tofu_tf.errors import TofuError
 from tofu_tf.models.blocks import (RNG_ALGORITHM, Block, InitialValue, initial_values,
-                                   record_assignment)
+                                   record_write)
 
 FeedSpec = tuple[tuple[int, ...], str]  # (shape, dtype name)
 STEP_SETTINGS = ("batch_size", "optimizer", "learning_rate", "momentum", "beta1", "beta2",
@@ -56,7 +56,7 @@ class ModelStep:
 
     name: str
     config: dict                        # sizes, optimizer settings, batch_size, seed, ..., dtype
-    graph_def: GraphDef                 # shapes attached (`_output_shapes`)
+    graph_def: GraphDef                 # no `_output_shapes`: the importer infers shapes
     fetches: list[str]                  # loss tensor name first, then the grouped update op
     feeds: dict[str, FeedSpec]          # input placeholder tensor name -> (shape, dtype)
     step: Any | None = None             # eager only: tf.function, step(x, y) -> loss
@@ -295,7 +295,7 @@ class GraphVariable:
 
     def assign(self, value, read_value: bool = False):
         if self._bound is not None:
-            return record_assignment(self, tf.convert_to_tensor(value, dtype=self.dtype))
+            return record_write(self, "assign", tf.convert_to_tensor(value, dtype=self.dtype))
         return self._write(functools.partial(gen_resource_variable_ops.assign_variable_op,
                                              validate_shape=True), value, read_value)
 
@@ -304,7 +304,9 @@ class GraphVariable:
         return self._write(gen_resource_variable_ops.assign_add_variable_op, value, read_value)
 
     def assign_sub(self, value, read_value: bool = False):
-        self._not_bound("decremented")
+        if self._bound is not None:
+            return record_write(self, "assign_sub",
+                                tf.convert_to_tensor(value, dtype=self.dtype))
         return self._write(gen_resource_variable_ops.assign_sub_variable_op, value, read_value)
 
     def _not_bound(self, what: str) -> None:

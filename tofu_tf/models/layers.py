@@ -82,9 +82,11 @@ def _normalize(x, mean, variance, gamma, beta):
 
 
 def _update_moving(store: VariableStore, moving: tf.Variable, batch_value: tf.Tensor) -> None:
-    value = tf.stop_gradient(batch_value)
-    new = BN_MOMENTUM * moving + (1.0 - BN_MOMENTUM) * value
-    store.add_update(moving.assign(new, read_value=False))
+    """moving -= (moving - batch_value) * (1 - momentum), the moving average as Keras
+    writes it: a Sub, a Mul and an AssignSubVariableOp. The StopGradient keeps a block
+    function's backward (blocks.py), which differentiates every result, off the update."""
+    delta = (moving - tf.stop_gradient(batch_value)) * (1.0 - BN_MOMENTUM)
+    store.add_update(moving.assign_sub(delta, read_value=False))
 
 
 def layer_norm(store: VariableStore, name: str, channels: int) -> Apply:
