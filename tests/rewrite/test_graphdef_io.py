@@ -346,6 +346,33 @@ def test_shape_ops_of_static_tensors_fold_to_constants():
         np.testing.assert_array_equal(got, session.run(out, feeds))
 
 
+def test_equal_constants_merge_and_stop_gradients_are_bypassed():
+    """Per-op Consts of one value become one Const; Consts of another value, dtype or
+    device stay apart; StopGradient is bypassed; the imported step computes the same."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [4, 3, 2], name="x")
+        means = [tf.reduce_mean(x * 0.5, [0, 1]), tf.reduce_mean(x * 0.5, [0, 1])]
+        other = tf.reduce_mean(x * 0.25, [0, 1]) + tf.cast(tf.reduce_sum(
+            tf.cast(x, tf.float64) * tf.constant(0.5, tf.float64), [0, 1]), tf.float32)
+        with tf.device("/device:CPU:0"):
+            placed = tf.reduce_mean(x * 0.5, [0, 1])
+        out = tf.identity(tf.stop_gradient(means[0] + means[1]) + other + placed, name="out")
+    planner = import_graph_def(graph.as_graph_def(), ["out:0"]).graph
+    consts = [op for op in planner if op.type == "Const"]
+    values = sorted((op.attrs["dtype"], np.asarray(planner.constants[op.outputs[0]]).tolist())
+                    for op in consts if op.outputs[0] in planner.constants)
+    # 0.5 float32 twice (unplaced and placed), [0, 1] twice, 0.25 once, 0.5 float64 once
+    assert values.count(("float32", 0.5)) == 2 and values.count(("int32", [0, 1])) == 2
+    assert ("float32", 0.25) in values and ("float64", 0.5) in values
+    assert not [op for op in planner if op.type == "StopGradient"]
+    imported = import_graph_def(graph.as_graph_def(), ["out:0"])
+    feeds = {"x:0": RNG.normal(size=(4, 3, 2)).astype(np.float32)}
+    got = run_imported(imported, feeds, {}, ["out:0"])
+    with tf.compat.v1.Session(graph=graph) as session:
+        np.testing.assert_allclose(got[0].numpy(), session.run(out, feeds), rtol=1e-6)
+
+
 # -- typed errors -------------------------------------------------------------------------
 
 def test_while_loop_is_rejected_naming_the_while_node():

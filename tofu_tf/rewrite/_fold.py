@@ -3,10 +3,12 @@
     fold_constants     a node computed from Consts alone whose outputs are small (shape
                        arithmetic, permutations, axes, BroadcastGradientArgs) -> Const;
                        the values come from TensorFlow's own kernels (one Session run)
-    bypass_forwarding  Identity, IdentityN, Reshape to its input's own shape, and AddN of
-                       one tensor and zeros: their consumers read the forwarded tensor
+    bypass_forwarding  Identity, IdentityN, StopGradient, PreventGradient (the step is
+                       differentiated already), Reshape to its input's own shape, and AddN
+                       of one tensor and zeros: their consumers read the forwarded tensor
+    merge_constants    equal small Consts: their consumers read one
 
-Both work in place on the pipeline's own copy and leave the `keep` nodes (fetches, feeds,
+All work in place on the pipeline's own copy and leave the `keep` nodes (fetches, feeds,
 side effects) and every node with a control input from a non-Const alone; what they leave
 unused is pruned afterwards.
 """
@@ -26,7 +28,7 @@ from tensorflow.python.framework import op_def_registry
 from tofu_tf.errors import GraphImportError
 from tofu_tf.rewrite._normalise import _first_line, _output_index, const_node, node_of
 
-FORWARDING_OPS = frozenset({"Identity", "IdentityN"})
+FORWARDING_OPS = frozenset({"Identity", "IdentityN", "StopGradient", "PreventGradient"})
 
 
 def fold_constants(graph_def: graph_pb2.GraphDef, shapes: dict[str, list],
@@ -66,6 +68,30 @@ def fold_constants(graph_def: graph_pb2.GraphDef, shapes: dict[str, list],
         _insert_after(graph_def, extra)
         _rename_inputs(graph_def, renames)
     return len(dropped) < len(candidates)
+
+
+def merge_constants(graph_def: graph_pb2.GraphDef, shapes: Mapping[str, list],
+                    keep: Iterable[str] = (), max_elements: int = 4096) -> bool:
+    """Equal small Consts (device, dtype and value; at most `max_elements` elements; no
+    control input) become one, in place: their consumers read the first in node order (a
+    model's reduction axes, epsilons and shape vectors repeat hundreds of times, a Const
+    per op that reads one, and per inlined call). The others are left unused (pruning
+    drops them); returns whether any was merged."""
+    keep = set(keep)
+    first: dict[tuple, str] = {}
+    renames: dict[str, str] = {}
+    for node in graph_def.node:
+        if node.op != "Const" or node.name in keep or node.input or \
+                not _may_be_small(shapes[node.name][0][0], max_elements):
+            continue
+        key = (node.device, node.attr["dtype"].type,
+               node.attr["value"].tensor.SerializeToString(deterministic=True))
+        kept = first.setdefault(key, node.name)
+        if kept != node.name:
+            renames.update({node.name: kept, f"{node.name}:0": kept, f"^{node.name}": f"^{kept}"})
+    if renames:
+        _rename_inputs(graph_def, renames)
+    return bool(renames)
 
 
 def _insert_after(graph_def: graph_pb2.GraphDef,
@@ -177,7 +203,7 @@ def _evaluate(graph_def: graph_pb2.GraphDef, nodes: list[node_def_pb2.NodeDef]
 
 def bypass_forwarding(graph_def: graph_pb2.GraphDef, shapes: Mapping[str, list],
                       keep: Iterable[str] = ()) -> bool:
-    """Consumers of Identity / IdentityN / same-shape Reshape nodes (and of an AddN of one
+    """Consumers of FORWARDING_OPS / same-shape Reshape nodes (and of an AddN of one
     tensor and zeros) read the forwarded tensors instead, in place; a control input on such
     a node becomes one on the producers it forwards. The bypassed nodes are left unused
     (pruning drops them); returns whether any was bypassed."""

@@ -14,8 +14,9 @@ drops what they leave unused):
   5. shapes      import into a fresh graph, read every output's static shape and dtype;
                  an unknown dimension raises DynamicShapeError
   6. fold        Shape/ShapeN/Size/Rank of static tensors and small values computed from
-                 Consts alone become Consts; Identity, IdentityN, Reshapes to their
-                 input's shape and AddN of one tensor and zeros are bypassed (_fold)
+                 Consts alone become Consts; Identity, IdentityN, StopGradient,
+                 PreventGradient, Reshapes to their input's shape and AddN of one tensor
+                 and zeros are bypassed; equal small Consts become one (_fold)
   7. structure   roles, forward_op, variables and slots (_structure.analyse)
   8. build       attrs -> plain Python, small Const values -> Graph.constants, Graph(...)
 """
@@ -127,6 +128,8 @@ def _run_passes(graph_def, fetches, feeds, captures, start, side_effects) -> Imp
         stale = _fold.fold_constants(graph_def, shapes, keep=roots,
                                      max_elements=MAX_CONSTANT_ELEMENTS)
         stale = _fold.bypass_forwarding(graph_def, shapes, keep=roots) or stale
+        stale = _fold.merge_constants(graph_def, shapes, keep=roots,
+                                      max_elements=MAX_CONSTANT_ELEMENTS) or stale
         if stale:
             graph_def = _normalise.prune(graph_def, roots)
     graph_def = _normalise.set_default_attrs(graph_def)
