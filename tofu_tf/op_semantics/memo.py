@@ -24,10 +24,12 @@ class SemanticsMemo:
         self.misses = 0
 
     def get(self, name: str, op_type: str, attrs, input_shapes, input_dtypes,
-            output_shapes, output_dtypes, constants=None
-            ) -> tuple[Semantics, tuple[Strategy, ...], int]:
+            output_shapes, output_dtypes, constants=None, *, strategies: bool = True
+            ) -> tuple[Semantics, tuple[Strategy, ...] | None, int]:
         """(semantics named `name`, strategies, signature id). Equal ids mean equal
-        signatures (ids are unique across memos); an int is cheap to hash in later keys."""
+        signatures (ids are unique across memos); an int is cheap to hash in later keys.
+        `strategies=False` (what a device runs whole needs no split): None in their place
+        unless they are known already; analysed when a later call asks."""
         key = signature(op_type, attrs, input_shapes, input_dtypes, output_shapes,
                         output_dtypes, constants)
         cached = self._entries.get(key)
@@ -35,14 +37,16 @@ class SemanticsMemo:
             self.misses += 1
             sem = describe(name, op_type, attrs, input_shapes, input_dtypes, output_shapes,
                            output_dtypes, constants)
-            cached = (sem, analyze(sem), next(_IDS))
-            self._entries[key] = cached
+            cached = self._entries[key] = (sem, analyze(sem) if strategies else None,
+                                           next(_IDS))
         else:
             self.hits += 1
-        sem, strategies, ident = cached
+            if strategies and cached[1] is None:
+                cached = self._entries[key] = (cached[0], analyze(cached[0]), cached[2])
+        sem, found, ident = cached
         if sem.op_name != name:
             sem = _renamed(sem, name, attrs)
-        return sem, strategies, ident
+        return sem, found, ident
 
 
 def _renamed(sem: Semantics, name: str, attrs) -> Semantics:

@@ -445,7 +445,8 @@ def root_problem(graph, entries, k: int, replicable=frozenset(),
 
 
 def sub_problem(problem: Problem, states, choices, k: int) -> Problem:
-    """The problem inside part 0 of this level, for the next level's k-way cut."""
+    """The problem inside part 0 of this level, for the next level's k-way cut (k = 1:
+    what one device runs, whose ops are not analysed for strategies: none splits)."""
     tensors = {}
     for name, spec in problem.tensors.items():
         state = states.get(name)
@@ -454,16 +455,17 @@ def sub_problem(problem: Problem, states, choices, k: int) -> Problem:
         tensors[name] = spec
     cache = problem.cache
     made, geometries = cache.locals, problem.geometries
+    analyse = k > 1
     ops = []
     for op in problem.ops:
         label = choices[op.name]
         geometry_id = geometries.get(op.name)
-        local = made.get((geometry_id, label)) if geometry_id is not None else None
+        local = made.get((geometry_id, label, analyse)) if geometry_id is not None else None
         if local is None:
             local = _local_problem_op(problem, op, label, tensors, cache.semantics,
-                                      cache.local_ops)
+                                      cache.local_ops, analyse)
             if geometry_id is not None:
-                made[(geometry_id, label)] = local
+                made[(geometry_id, label, analyse)] = local
             ops.append(local)
         else:        # equal geometry and choice: equal local op, up to the tensor names
             ops.append(ProblemOp(op.name, local.sem, local.strategies, op.inputs, op.outputs,
@@ -481,11 +483,12 @@ def part0_shape(shape, state, k: int) -> tuple[int, ...]:
 
 
 def _local_problem_op(problem: Problem, op: ProblemOp, label: str, tensors,
-                      memo: SemanticsMemo, local_memo: dict) -> ProblemOp:
-    """Part 0's local op, re-described so the next level derives its own strategies."""
-    key = (op.key, label, problem.k) if op.key is not None else None
+                      memo: SemanticsMemo, local_memo: dict, analyse: bool) -> ProblemOp:
+    """Part 0's local op, re-described so the next level derives its own strategies
+    (`analyse` False: none)."""
+    key = (op.key, label, problem.k, analyse) if op.key is not None else None
     if key is None or key not in local_memo:
-        built = _describe_local(problem, op, label, tensors, memo)
+        built = _describe_local(problem, op, label, tensors, memo, analyse)
         if key is None:
             sem, strategies, shifts, sig = built
             return ProblemOp(op.name, sem, strategies, op.inputs, op.outputs,
@@ -535,8 +538,10 @@ def _shifted(offsets, shifts) -> tuple[tuple[int, ...], ...]:
                  for delta, shift in zip(offsets, shifts))
 
 
-def _describe_local(problem: Problem, op: ProblemOp, label: str, tensors, memo):
-    """(semantics, strategies, input shifts, signature) of part 0's local op."""
+def _describe_local(problem: Problem, op: ProblemOp, label: str, tensors, memo,
+                    analyse: bool = True):
+    """(semantics, strategies, input shifts, signature) of part 0's local op (no
+    strategies unless `analyse`)."""
     strategy = next((c.strategy for c in problem.choices[op.name] if c.label == label), None)
     local = opaque_local(op.sem) if op.sem.is_opaque else localize(op.sem, strategy, problem.k, 0)
     in_shapes = [local.local_input_shape(i) or shape
@@ -554,13 +559,13 @@ def _describe_local(problem: Problem, op: ProblemOp, label: str, tensors, memo):
     try:
         sem, strategies, sig = memo.get(op.name, local.op_type, local.attrs, in_shapes,
                                         dtypes_in, out_shapes[:n_real], dtypes_out[:n_real],
-                                        constants)
+                                        constants, strategies=analyse)
     except Exception as err:  # a local op the descriptions cannot take: keep it whole
         sem = _opaque_semantics(op, in_shapes, out_shapes, f"local op not describable: {err}")
         return sem, (), shifts, None
     if sem.is_opaque:
         return _opaque_semantics(op, in_shapes, out_shapes, sem.opaque_reason), (), shifts, sig
-    return sem, strategies, shifts, sig
+    return sem, strategies or (), shifts, sig
 
 
 def _offset(local: LocalOp, index: int, rank: int) -> tuple[int, ...]:
