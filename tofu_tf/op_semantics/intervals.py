@@ -39,7 +39,13 @@ class Bound:
 
     @staticmethod
     def of(value: int) -> "Bound":
-        return Bound((), int(value), 1)
+        value = int(value)
+        found = _CONSTANTS.get(value)
+        if found is None:
+            found = Bound((), value, 1)
+            if len(_CONSTANTS) < _INTERNED:
+                _CONSTANTS[value] = found
+        return found
 
     @staticmethod
     def symbol(name: str) -> "Bound":
@@ -71,10 +77,16 @@ class Bound:
         return text if self.den == 1 else f"floor(({text})/{self.den})"
 
 
+# Constant bounds (tensor sizes, offsets) recur by the thousand in an analysis: each value
+# is made once (bounds are immutable), up to this many values.
+_INTERNED = 1 << 16
+_CONSTANTS: dict[int, Bound] = {}
+
+
 def _make(coefs: Mapping[str, int], const: int, den: int) -> Bound:
     coefs_t, const = _affine(coefs, const)
     if not coefs_t:
-        return Bound((), const // den, 1)
+        return Bound.of(const // den)
     return Bound(coefs_t, const, den)
 
 
