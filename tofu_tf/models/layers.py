@@ -84,8 +84,9 @@ def _normalize(x, mean, variance, gamma, beta):
 def _update_moving(store: VariableStore, moving: tf.Variable, batch_value: tf.Tensor) -> None:
     """moving -= (moving - batch_value) * (1 - momentum), the moving average as Keras
     writes it: a Sub, a Mul and an AssignSubVariableOp. The StopGradient keeps a block
-    function's backward (blocks.py), which differentiates every result, off the update."""
-    delta = (moving - tf.stop_gradient(batch_value)) * (1.0 - BN_MOMENTUM)
+    function's backward (blocks.py), which differentiates every result, off the update
+    (else it would build the Mul's and Sub's broadcasting gradients, dead ops)."""
+    delta = tf.stop_gradient((moving - batch_value) * (1.0 - BN_MOMENTUM))
     store.add_update(moving.assign_sub(delta, read_value=False))
 
 
