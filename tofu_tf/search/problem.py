@@ -539,7 +539,7 @@ def _shifted(offsets, shifts) -> tuple[tuple[int, ...], ...]:
 
 
 def _describe_local(problem: Problem, op: ProblemOp, label: str, tensors, memo,
-                    analyse: bool = True):
+                    analyse: bool):
     """(semantics, strategies, input shifts, signature) of part 0's local op (no
     strategies unless `analyse`)."""
     strategy = next((c.strategy for c in problem.choices[op.name] if c.label == label), None)
