@@ -92,15 +92,21 @@ class InputRegion:
     fill: float | None = None
 
     def requested(self, lo: int, hi: int, shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
-        """Half-open [start, stop) per dim, before clamping to the tensor."""
-        env = {LO: lo, HI: hi}
+        """Half-open [start, stop) per dim, before clamping to the tensor. (Each bound is
+        affine in lo and hi: evaluated inline, the hottest loop of building choices.)"""
         out = []
         for interval, size in zip(self.dims, shape):
-            if interval.is_top:
+            first, last = interval.lo, interval.hi
+            if first is None or last is None:
                 out.append((0, size))
-            else:
-                first, last = interval.evaluate(env)
-                out.append((first, last + 1))
+                continue
+            a = first.const
+            for symbol, coef in first.coefs:
+                a += coef * (lo if symbol == LO else hi)
+            b = last.const
+            for symbol, coef in last.coefs:
+                b += coef * (lo if symbol == LO else hi)
+            out.append((a // first.den, b // last.den + 1))
         return tuple(out)
 
     def slices(self, lo: int, hi: int, shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:

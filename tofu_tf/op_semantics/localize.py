@@ -21,7 +21,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from tofu_tf.errors import PartitionError
-from tofu_tf.op_semantics.analysis import Strategy
+from tofu_tf.op_semantics.analysis import Strategy, clamp_slices, replicated_regions
 from tofu_tf.op_semantics.registry import Semantics, description
 
 Slices = tuple[tuple[int, int], ...]          # half-open [start, stop) per dim
@@ -87,21 +87,22 @@ def default_local_op(sem: Semantics, strategy: Strategy | None, k: int, part: in
                      ) -> tuple[LocalOp, tuple[Slices | None, ...]]:
     """The local op before any hook: same kernel, derived regions; and the unclamped
     regions per input (a hook's `LocalContext.requested`)."""
-    from tofu_tf.op_semantics.analysis import clamp_slices, replicated_regions
-    regions = strategy.inputs if strategy is not None else replicated_regions(sem)
-    lo, hi = strategy.part(k, part) if strategy is not None else (0, 0)
-    requested, slices, pads, fills = [], [], [], []
-    for region, shape in zip(regions, sem.input_shapes):
+    if strategy is not None:
+        regions = strategy.inputs
+        lo, hi = strategy.part(k, part)
+    else:
+        regions, lo, hi = replicated_regions(sem), 0, 0
+    n_in = len(regions)
+    requested, slices = [None] * n_in, [None] * n_in
+    pads, fills = [None] * n_in, [None] * n_in
+    for i, (region, shape) in enumerate(zip(regions, sem.input_shapes)):
         if region.kind != "data":
-            requested.append(None), slices.append(None), pads.append(None), fills.append(None)
             continue
-        req = region.requested(lo, hi, shape)
-        clamped = clamp_slices(req, shape)
-        requested.append(req)
-        slices.append(clamped)
-        fills.append(region.fill)
-        pads.append(_pads(req, clamped) if region.fill is not None
-                    else ((0, 0),) * len(shape))
+        req = requested[i] = region.requested(lo, hi, shape)
+        clamped = slices[i] = clamp_slices(req, shape)
+        fill = fills[i] = region.fill
+        pads[i] = (_pads(req, clamped) if fill is not None else
+                   _NO_PADS.get(len(shape)) or ((0, 0),) * len(shape))
     n_out = len(sem.output_shapes)
     scales = (1.0,) * n_out
     if strategy is not None and strategy.outputs:
@@ -110,6 +111,9 @@ def default_local_op(sem: Semantics, strategy: Strategy | None, k: int, part: in
     local = LocalOp(sem.op_type, dict(sem.attrs), tuple(slices), tuple(pads), tuple(fills),
                     {}, _output_slices(sem, strategy, k, part), (None,) * n_out, scales)
     return local, tuple(requested)
+
+
+_NO_PADS = {rank: ((0, 0),) * rank for rank in range(9)}
 
 
 def localize(sem: Semantics, strategy: Strategy | None, k: int, part: int) -> LocalOp:
@@ -136,6 +140,15 @@ def _check_narrowed(sem: Semantics, slices, derived) -> None:
                     fix="widen the region in the TDL description instead.")
 
 
+_FIELDS = frozenset(field.name for field in dataclasses.fields(LocalOp))
+
+
 def replace(local: LocalOp, **changes: Any) -> LocalOp:
-    """dataclasses.replace, for hooks."""
-    return dataclasses.replace(local, **changes)
+    """dataclasses.replace, for hooks (without re-running the frozen __init__: a hook
+    runs per part of every strategy at every level)."""
+    unknown = set(changes) - _FIELDS
+    if unknown:
+        raise TypeError(f"LocalOp has no field(s) {', '.join(sorted(unknown))}")
+    copy = object.__new__(LocalOp)
+    copy.__dict__.update(local.__dict__, **changes)
+    return copy

@@ -23,6 +23,7 @@ that go to the lowest state index (Split on the lowest dim, before R).
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -201,18 +202,49 @@ def _squeeze(table: np.ndarray) -> tuple[tuple[int, ...], np.ndarray]:
 def _min_table(per_choice: list[list[tuple[int, np.ndarray]]], shape: list[int]):
     """Over choices of the sum of each choice's (axis, vector) terms: the min, the
     argmin (least bytes, then fewest terms moving bytes > 0, then the first choice) and
-    that choice's number of such terms (its transfers)."""
-    tables = np.zeros([len(per_choice)] + shape)
-    transfers = np.zeros([len(per_choice)] + shape, dtype=np.int64)
+    that choice's number of such terms (its transfers).
+
+    With the terms summed per (choice, axis state) into S [choices, sum of the axes'
+    sizes] (one bincount), a cell's entry is the sum over axes of S at the cell's state on
+    each axis (`_cell_states`): a fixed number of array calls per op, however many terms
+    (bytes are whole numbers, so the sums are exact; a forbidden state's inf stays inf)."""
+    n_choices = len(per_choice)
+    offsets = [0]
+    for n in shape:
+        offsets.append(offsets[-1] + n)
+    width = offsets[-1]
+    index, pieces = [], []
     for c, terms in enumerate(per_choice):
         for axis, vector in terms:
-            view = [1] * len(shape)
-            view[axis] = len(vector)
-            tables[c] += vector.reshape(view)
-            transfers[c] += (vector > 0).reshape(view)
+            base = c * width + offsets[axis]
+            index.extend(range(base, base + len(vector)))
+            pieces.append(vector)
+    cells = math.prod(shape)
+    if pieces:
+        flat, where = np.concatenate(pieces), np.array(index, dtype=np.intp)
+        sums = np.bincount(where, flat, n_choices * width).reshape(n_choices, width)
+        moving = np.bincount(where, flat > 0, n_choices * width).reshape(n_choices, width)
+        states = _cell_states(tuple(shape))
+        tables = sums[:, states].sum(axis=1)
+        transfers = moving[:, states].sum(axis=1).astype(np.int64)
+    else:
+        tables = np.zeros((n_choices, cells))
+        transfers = np.zeros((n_choices, cells), dtype=np.int64)
     least = tables.min(axis=0)
-    argmin = np.where(tables == least, transfers, np.iinfo(np.int64).max).argmin(axis=0)
-    return least, argmin, np.take_along_axis(transfers, argmin[None], axis=0)[0]
+    argmin = np.where(tables == least, transfers, _MOST).argmin(axis=0)
+    chosen = transfers[argmin, np.arange(cells)]
+    return least.reshape(shape), argmin.reshape(shape), chosen.reshape(shape)
+
+
+_MOST = np.iinfo(np.int64).max
+
+
+@functools.lru_cache(maxsize=None)
+def _cell_states(shape: tuple[int, ...]) -> np.ndarray:
+    """[axes, prod(shape)]: per axis, the column of S (offset of the axis + the cell's
+    coordinate on it) of every cell, in C order."""
+    offsets = np.cumsum((0,) + shape[:-1], dtype=np.intp)
+    return np.indices(shape).reshape(len(shape), -1) + offsets[:, None]
 
 
 @dataclass(frozen=True)

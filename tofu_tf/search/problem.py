@@ -15,6 +15,7 @@ state of each touched tensor (formulas in cost.py), batched through one `overlap
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -172,30 +173,59 @@ def _parts(problem: Problem, op: ProblemOp, strategy: Strategy | None) -> list[L
 
 
 def make_choice(problem: Problem, op: ProblemOp, strategy: Strategy | None) -> Choice:
+    """The choice's boxes. A local op's slices lie inside its own shapes (localize clamps
+    them), so where a tensor has the op's shape, at offset 0 and with no window, they are
+    the boxes as they are; and boxes clamped to a window inside the tensor need no second
+    clamp and fetch nothing from outside."""
     locals_ = _parts(problem, op, strategy)
+    tensors, windows, in_shapes = problem.tensors, op.windows, op.sem.input_shapes
     input_boxes, extra = [], []
     for i, tensor in enumerate(op.inputs):
-        if locals_[0].input_slices[i] is None or tensor not in problem.tensors:
+        spec = tensors.get(tensor)
+        if locals_[0].input_slices[i] is None or spec is None:
             input_boxes.append(None)
             extra.append(0)
             continue
-        shape = problem.tensors[tensor].shape
-        window = op.windows[i] if i < len(op.windows) else None
-        needs = [clamp_box(_local_input_box(local, i), shape, op.input_offsets[i],
-                           clamp_to=window or _whole(shape)) for local in locals_]
-        input_boxes.append(tuple(clamp_slices(box, shape) for box in needs))
-        extra.append(fetch_extra(needs, window, shape))
+        shape, delta = spec.shape, op.input_offsets[i]
+        window = windows[i] if i < len(windows) else None
+        if window is None:
+            if in_shapes[i] == shape and not any(delta):
+                input_boxes.append(tuple([local.input_slices[i] for local in locals_]))
+            else:
+                input_boxes.append(tuple([clamp_box(local.input_slices[i], shape, delta)
+                                          for local in locals_]))
+            extra.append(0)
+            continue
+        needs = [clamp_box(local.input_slices[i], shape, delta, clamp_to=window)
+                 for local in locals_]
+        if _inside(window, shape):
+            input_boxes.append(tuple(needs))
+            extra.append(0)
+        else:
+            input_boxes.append(tuple([clamp_slices(box, shape) for box in needs]))
+            extra.append(fetch_extra(needs, window, shape))
     produced, output_boxes = [], []
+    out_shapes = op.sem.output_shapes
     for o, tensor in enumerate(op.outputs):
         state = strategy.outputs[o] if strategy is not None else REPLICATED
         produced.append(state)
         shape = output_spec(problem, op, o).shape
-        zero = (0,) * len(shape)
-        output_boxes.append(tuple(clamp_box(local.output_slices[o], shape, zero)
-                                  for local in locals_))
+        if o < len(out_shapes) and out_shapes[o] == shape:
+            output_boxes.append(tuple([local.output_slices[o] for local in locals_]))
+        else:
+            zero = (0,) * len(shape)
+            output_boxes.append(tuple([clamp_box(local.output_slices[o], shape, zero)
+                                       for local in locals_]))
     label = REPLICATE if strategy is None else strategy.label
     return Choice(label, strategy, tuple(input_boxes), tuple(produced), tuple(output_boxes),
                   tuple(extra))
+
+
+def _inside(box: Box, shape: tuple[int, ...]) -> bool:
+    for (a, b), n in zip(box, shape):
+        if a < 0 or b > n:
+            return False
+    return True
 
 
 def fetch_extra(needs, window: Box | None, shape) -> int:
@@ -273,29 +303,55 @@ def build_choices(problem: Problem) -> None:
 
 @dataclass
 class _Batch:
-    """Boxes of every (op, choice, tensor) entry, for one `overlaps` call: nested lists,
-    padded to `rank` (box (0, 1), size 1 past a tensor's rank), made one array in `run`."""
+    """Boxes of every (op, choice, tensor) entry, for one `overlaps` call: one flat list
+    of coordinates, each box padded to `rank` ((0, 1), size 1 past a tensor's rank), made
+    one [entries, k, rank, 2] array in `run` (a flat list converts an order of magnitude
+    faster than nested ones)."""
     rank: int
-    boxes: list[list] = field(default_factory=list)
-    shapes: list[list] = field(default_factory=list)
+    k: int
+    coords: list[int] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    count: int = 0
 
     def add(self, boxes: tuple[Box, ...], shape: tuple[int, ...]) -> int:
-        pad = self.rank - len(shape)
-        self.boxes.append([list(box) + [(0, 1)] * (self.rank - len(box)) if box
-                           else [(0, 1)] * self.rank for box in boxes])
-        self.shapes.append(list(shape) + [1] * pad)
-        return len(self.boxes) - 1
+        coords, rank = self.coords, self.rank
+        for box in boxes:
+            for pair in box:
+                coords.extend(pair)
+            if len(box) < rank:
+                coords.extend(_PADDING[rank - len(box)])
+        self.sizes.extend(shape)
+        if len(shape) < rank:
+            self.sizes.extend((1,) * (rank - len(shape)))
+        self.count += 1
+        return self.count - 1
 
-    def run(self, k: int) -> np.ndarray:
-        if not self.boxes:
+    def run(self) -> np.ndarray:
+        if not self.count:
             return np.zeros((0, 1), dtype=np.int64)
-        return overlaps(np.array(self.boxes, dtype=np.int64),
-                        np.array(self.shapes, dtype=np.int64), k)
+        boxes = np.array(self.coords, dtype=np.int64).reshape(self.count, self.k, self.rank, 2)
+        shapes = np.array(self.sizes, dtype=np.int64).reshape(self.count, self.rank)
+        return overlaps(boxes, shapes, self.k)
 
 
-def _state_columns(problem: Problem, spec: TensorSpec, rank: int) -> list[int]:
-    """Columns of `overlaps` for the tensor's states, in `Problem.states` order."""
-    return [rank if s.kind == "replicated" else s.dim for s in problem.states(spec.name)]
+_PADDING = {pad: (0, 1) * pad for pad in range(1, 17)}
+
+
+@dataclass(frozen=True)
+class _Columns:
+    """A tensor's `overlaps` columns in `Problem.states` order (D: replicated), and per
+    state what `_finish` weighs it by."""
+    cols: np.ndarray
+    replicated: np.ndarray            # 1 where the state is R, else 0
+    reduce_factors: np.ndarray        # a Partial output's reduction, per stored state
+
+    @staticmethod
+    def of(problem: Problem, tensor: str, rank: int) -> "_Columns":
+        cols = [rank if s.kind == "replicated" else s.dim for s in problem.states(tensor)]
+        return _Columns(np.array(cols, dtype=np.intp),
+                        np.array([1 if c == rank else 0 for c in cols], dtype=np.int64),
+                        np.array([ALL_REDUCE_FACTOR if c == rank else REDUCE_SCATTER_FACTOR
+                                  for c in cols]))
 
 
 class OpVectors(Mapping):
@@ -333,9 +389,8 @@ class OpVectors(Mapping):
 def cost_vectors(problem: Problem) -> OpVectors:
     """Every op's cost vectors. Equal geometries are computed once (and remembered in the
     search cache); all new boxes go through one `overlaps` call."""
-    k = problem.k
     rank = max([len(t.shape) for t in problem.tensors.values()] + [1])
-    batch = _Batch(rank)
+    batch = _Batch(rank, problem.k)
     finished = problem.cache.vectors
     pending: dict = {}                  # geometry key or op name (no geometry) -> entries
     for op in problem.ops:
@@ -344,10 +399,11 @@ def cost_vectors(problem: Problem) -> OpVectors:
         if key not in finished and pending_key not in pending:
             pending[pending_key] = [_pending_entries(problem, op, choice, batch)
                                     for choice in problem.choices[op.name]]
-    volumes = batch.run(k)
+    volumes = batch.run()
+    columns: dict[str, _Columns] = {}
     unique = {}
     for key, per_choice in pending.items():
-        vectors = [[_finish(problem, entry, volumes, rank) for entry in entries]
+        vectors = [[_finish(problem, entry, volumes, rank, columns) for entry in entries]
                    for entries in per_choice]
         (unique if isinstance(key, str) else finished)[key] = vectors
     return OpVectors(problem, unique)
@@ -359,7 +415,9 @@ def tensor_at(op: ProblemOp, position: tuple[str, int]) -> str:
 
 
 def _pending_entries(problem, op, choice, batch: _Batch) -> list[tuple]:
-    """(kind, position, tensor spec, batch rows) per tensor the choice moves."""
+    """(kind, position, tensor spec, batch row, detail) per tensor the choice moves: what
+    `_finish` needs (only a fetch's boxes and a split output's domain and boxes take
+    `overlaps` rows)."""
     entries = []
     for i, boxes in enumerate(choice.input_boxes):
         if boxes is not None:
@@ -370,16 +428,17 @@ def _pending_entries(problem, op, choice, batch: _Batch) -> list[tuple]:
     for o, state in enumerate(choice.produced):
         spec = output_spec(problem, op, o)
         domain = _domain(choice.output_boxes[o], spec.shape)
-        dom_index = batch.add((domain,) * problem.k, spec.shape)
+        size = box_volume(domain)
         if state.kind == "partial":
-            entries.append(("partial", ("out", o), spec, dom_index, None))
+            entries.append(("partial", ("out", o), spec, None, size))
         elif state.kind == "split":
-            entries.append(("convert", ("out", o), spec, dom_index,
+            entries.append(("convert", ("out", o), spec,
+                            batch.add((domain,) * problem.k, spec.shape),
                             (batch.add(choice.output_boxes[o], spec.shape),
-                             box_volume(_whole(spec.shape)) - box_volume(domain))))
+                             math.prod(spec.shape) - size)))
         else:
-            entries.append(("replicated", ("out", o), spec, dom_index,
-                            (None, box_volume(_whole(spec.shape)) - box_volume(domain))))
+            entries.append(("replicated", ("out", o), spec, None,
+                            (None, math.prod(spec.shape) - size)))
     return entries
 
 
@@ -387,33 +446,32 @@ def _domain(boxes: tuple[Box, ...], shape: tuple[int, ...]) -> Box:
     """The hull of the produced boxes: what this level's op produces of the tensor."""
     if not boxes or not boxes[0]:
         return tuple((0, n) for n in shape)
-    return tuple((min(b[d][0] for b in boxes), max(b[d][1] for b in boxes))
-                 for d in range(len(shape)))
+    return tuple((min([a for a, _ in pairs]), max([b for _, b in pairs]))
+                 for pairs in zip(*boxes))
 
 
-def _finish(problem, entry, volumes, rank) -> tuple[tuple[str, int], np.ndarray]:
+def _finish(problem, entry, volumes, rank, columns) -> tuple[tuple[str, int], np.ndarray]:
     """Bytes per stored state. Elements an outer level delivered (outside the stored part)
     are counted there once per group; every further copy an inner device needs is counted
     here, so the levels add up to the bytes each device really receives:
     fetch  += extra copies of delivered input elements (the same for every state);
     convert, replicated state += (k - 1) x the stored elements produced outside the group."""
     kind, position, spec, first, second = entry
-    cols = _state_columns(problem, spec, rank)
+    found = columns.get(spec.name)
+    if found is None:
+        found = columns[spec.name] = _Columns.of(problem, spec.name, rank)
+    cols = found.cols
     if kind == "fetch":
-        vols = volumes[first][cols]
-        return position, spec.itemsize * (volumes[first][rank] - vols + second)
-    held = volumes[first][cols]                  # sum_p |H_p(X) ∩ domain|
-    if kind == "partial":
-        size = volumes[first][rank] // problem.k  # |domain|
-        factors = np.array([ALL_REDUCE_FACTOR if c == rank else REDUCE_SCATTER_FACTOR
-                            for c in cols])
-        return position, spec.itemsize * (problem.k - 1) * size * factors
+        row = volumes[first]
+        return position, spec.itemsize * (row[rank] - row[cols] + second)
+    if kind == "partial":                        # second: |domain|
+        return position, spec.itemsize * (problem.k - 1) * second * found.reduce_factors
     produced_index, outside = second
-    copies = np.array([(problem.k - 1) * outside if c == rank else 0 for c in cols])
+    copies = found.replicated * ((problem.k - 1) * outside)
     if kind == "replicated":                     # every part produced the whole domain
         return position, spec.itemsize * copies
-    produced = volumes[produced_index][cols]
-    return position, spec.itemsize * (held - produced + copies)
+    held = volumes[first][cols]                  # sum_p |H_p(X) ∩ domain|
+    return position, spec.itemsize * (held - volumes[produced_index][cols] + copies)
 
 
 # -- building problems ---------------------------------------------------------------------
