@@ -103,6 +103,9 @@ def _sum(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:
 
 def add_bounds(a: Bound, b: Bound, *, upper: bool) -> Bound:
     """A bound on a + b: exact when either denominator is 1, else the side's relaxation."""
+    if a.den == 1 and b.den == 1 and not (a.coefs and b.coefs):   # the common cases
+        coefs = a.coefs or b.coefs        # already sorted, without zeros
+        return Bound(coefs, a.const + b.const, 1) if coefs else Bound.of(a.const + b.const)
     if b.den == 1:
         return _make(_sum(a._numerator(), _scaled(b._numerator(), a.den)),
                      a.const + b.const * a.den, a.den)
@@ -118,6 +121,8 @@ def add_bounds(a: Bound, b: Bound, *, upper: bool) -> Bound:
 def mul_bound(a: Bound, c: int, *, upper: bool) -> Bound:
     """A bound on c * a, for the lower (upper=False) or upper side of the product."""
     if a.den == 1:
+        if not a.coefs:
+            return Bound.of(a.const * c)
         return _make(_scaled(a._numerator(), c), a.const * c, 1)
     # c*floor(A/d) lies in [c*(A-d+1)/d, c*A/d] for c > 0, reversed for c < 0.
     loose = (c > 0) != upper
@@ -153,11 +158,17 @@ class Interval:
 
     @staticmethod
     def point(value: int) -> "Interval":
-        return Interval(Bound.of(value), Bound.of(value))
+        return Interval.range(value, value)
 
     @staticmethod
     def range(first: int, last: int) -> "Interval":
-        return Interval(Bound.of(first), Bound.of(last))
+        key = (first, last)
+        found = _RANGES.get(key)
+        if found is None:
+            found = Interval(Bound.of(first), Bound.of(last))
+            if len(_RANGES) < _INTERNED:
+                _RANGES[key] = found
+        return found
 
     @staticmethod
     def symbolic(lo: str = "lo", hi: str = "hi") -> "Interval":
@@ -249,3 +260,4 @@ class Interval:
 
 
 TOP = Interval(None, None)
+_RANGES: dict[tuple[int, int], Interval] = {}      # constant intervals, made once each
