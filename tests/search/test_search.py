@@ -114,3 +114,21 @@ def test_plan_states_are_the_searched_states():
         for tensor, state in searched.states.items():
             assert plan.state(level, tensor) == str(state)
         assert dict(plan.levels[level].choices) == searched.choices
+
+
+@pytest.mark.parametrize("model", ["wresnet", "lstm", "transformer"])
+@pytest.mark.parametrize("n", [3, 8])
+def test_memory_estimate_reads_only_the_device_ops_shapes(model, n):
+    """The plan's memory estimate comes from a device problem whose ops keep only their
+    shapes; with every local op described it is the same, and so are the shapes."""
+    from tofu_tf.search.memory import plan_memory
+    from tofu_tf.search.recursive import device_problem
+    graph = graph_of(model)
+    result = search(graph, Topology.default(n))
+    described, shapes = (device_problem(*result.last, describe=flag) for flag in (True, False))
+    assert result.memory == plan_memory(graph, described) == plan_memory(graph, shapes)
+    assert all(op.sem.computes for op in described.ops if not op.sem.is_opaque)
+    for full, light in zip(described.ops, shapes.ops):
+        assert (light.sem.input_shapes, light.sem.output_shapes) == \
+            (full.sem.input_shapes, full.sem.output_shapes)
+        assert not light.sem.computes or not any(light.sem.computes)

@@ -502,9 +502,14 @@ def root_problem(graph, entries, k: int, replicable=frozenset(),
     return Problem(k, ops, tensors, frozenset(replicable), replicate_below, cache=cache)
 
 
-def sub_problem(problem: Problem, states, choices, k: int) -> Problem:
+def sub_problem(problem: Problem, states, choices, k: int, *, describe: bool = True
+                ) -> Problem:
     """The problem inside part 0 of this level, for the next level's k-way cut (k = 1:
-    what one device runs, whose ops are not analysed for strategies: none splits)."""
+    what one device runs, whose ops are not analysed for strategies: none splits).
+    `describe` False (k = 1 only): each local op keeps only its shapes (and which inputs
+    are meta), all a memory estimate reads — not its computation."""
+    if not describe and k != 1:
+        raise ValueError("only a device problem (k = 1) may skip describing its ops")
     tensors = {}
     for name, spec in problem.tensors.items():
         state = states.get(name)
@@ -513,17 +518,17 @@ def sub_problem(problem: Problem, states, choices, k: int) -> Problem:
         tensors[name] = spec
     cache = problem.cache
     made, geometries = cache.locals, problem.geometries
-    analyse = k > 1
+    detail = ANALYSE if k > 1 else (DESCRIBE if describe else SHAPES)
     ops = []
     for op in problem.ops:
         label = choices[op.name]
         geometry_id = geometries.get(op.name)
-        local = made.get((geometry_id, label, analyse)) if geometry_id is not None else None
+        local = made.get((geometry_id, label, detail)) if geometry_id is not None else None
         if local is None:
             local = _local_problem_op(problem, op, label, tensors, cache.semantics,
-                                      cache.local_ops, analyse)
+                                      cache.local_ops, detail)
             if geometry_id is not None:
-                made[(geometry_id, label, analyse)] = local
+                made[(geometry_id, label, detail)] = local
             ops.append(local)
         else:        # equal geometry and choice: equal local op, up to the tensor names
             ops.append(ProblemOp(op.name, local.sem, local.strategies, op.inputs, op.outputs,
@@ -540,13 +545,18 @@ def part0_shape(shape, state, k: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+# How much of a local op a sub-problem makes: its strategies (a cut follows), its
+# semantics (what one device runs), or its shapes only (what one device holds).
+ANALYSE, DESCRIBE, SHAPES = "analyse", "describe", "shapes"
+
+
 def _local_problem_op(problem: Problem, op: ProblemOp, label: str, tensors,
-                      memo: SemanticsMemo, local_memo: dict, analyse: bool) -> ProblemOp:
-    """Part 0's local op, re-described so the next level derives its own strategies
-    (`analyse` False: none)."""
-    key = (op.key, label, problem.k, analyse) if op.key is not None else None
+                      memo: SemanticsMemo, local_memo: dict, detail: str) -> ProblemOp:
+    """Part 0's local op, re-described (as far as `detail`) so the next level derives its
+    own strategies."""
+    key = (op.key, label, problem.k, detail) if op.key is not None else None
     if key is None or key not in local_memo:
-        built = _describe_local(problem, op, label, tensors, memo, analyse)
+        built = _describe_local(problem, op, label, tensors, memo, detail)
         if key is None:
             sem, strategies, shifts, sig = built
             return ProblemOp(op.name, sem, strategies, op.inputs, op.outputs,
@@ -597,9 +607,9 @@ def _shifted(offsets, shifts) -> tuple[tuple[int, ...], ...]:
 
 
 def _describe_local(problem: Problem, op: ProblemOp, label: str, tensors, memo,
-                    analyse: bool):
+                    detail: str):
     """(semantics, strategies, input shifts, signature) of part 0's local op (no
-    strategies unless `analyse`)."""
+    strategies unless `detail` is ANALYSE; SHAPES: a shapes-only semantics)."""
     strategy = next((c.strategy for c in problem.choices[op.name] if c.label == label), None)
     local = opaque_local(op.sem) if op.sem.is_opaque else localize(op.sem, strategy, problem.k, 0)
     in_shapes = [local.local_input_shape(i) or shape
@@ -614,10 +624,12 @@ def _describe_local(problem: Problem, op: ProblemOp, label: str, tensors, memo,
     if op.sem.is_opaque:
         sem = _opaque_semantics(op, in_shapes, out_shapes, op.sem.opaque_reason)
         return sem, (), shifts, None
+    if detail == SHAPES:
+        return _shapes_only(op, in_shapes, out_shapes), (), shifts, None
     try:
         sem, strategies, sig = memo.get(op.name, local.op_type, local.attrs, in_shapes,
                                         dtypes_in, out_shapes[:n_real], dtypes_out[:n_real],
-                                        constants, strategies=analyse)
+                                        constants, strategies=detail == ANALYSE)
     except Exception as err:  # a local op the descriptions cannot take: keep it whole
         sem = _opaque_semantics(op, in_shapes, out_shapes, f"local op not describable: {err}")
         return sem, (), shifts, None
@@ -633,6 +645,13 @@ def _offset(local: LocalOp, index: int, rank: int) -> tuple[int, ...]:
         return (0,) * rank
     pads = pads if pads is not None else ((0, 0),) * len(slices)
     return tuple(a - p0 for (a, _), (p0, _) in zip(slices, pads))
+
+
+def _shapes_only(op: ProblemOp, in_shapes, out_shapes) -> Semantics:
+    """The local op's shapes and the op's own meta inputs; no computation."""
+    return Semantics(op.name, op.sem.op_type, tuple(tuple(s) for s in in_shapes),
+                     tuple(tuple(s) for s in out_shapes), (None,) * len(out_shapes),
+                     op.sem.meta_inputs, None, op.sem.attrs, op.sem.num_outputs)
 
 
 def _opaque_semantics(op: ProblemOp, in_shapes, out_shapes, reason: str) -> Semantics:

@@ -60,7 +60,8 @@ class SearchResult:
     def with_memory(self, graph: Graph) -> "SearchResult":
         if self.memory is not None or self.last is None:
             return self
-        return dataclasses.replace(self, memory=plan_memory(graph, device_problem(*self.last)))
+        return dataclasses.replace(self, memory=plan_memory(
+            graph, device_problem(*self.last, describe=False)))
 
     @property
     def multipliers(self) -> tuple[int, ...]:
@@ -240,10 +241,11 @@ def _recurse(graph, topology, entries, coarse, options, policy, solver,
                         replicates, last=(model, results[-1]))
 
 
-def device_problem(model: LevelModel, result: LevelResult) -> Problem:
+def device_problem(model: LevelModel, result: LevelResult, describe: bool = True) -> Problem:
     """What one device (part 0 of every cut) holds and runs under the last level's result:
-    the problem inside its part, for a cut into one."""
-    return sub_problem(model.problem, result.states, result.choices, 1)
+    the problem inside its part, for a cut into one (`describe` False: what it holds, the
+    ops' shapes only)."""
+    return sub_problem(model.problem, result.states, result.choices, 1, describe=describe)
 
 
 def _replicates_variables(model: LevelModel, result: LevelResult, options: Options) -> bool:
