@@ -25,6 +25,7 @@ class Forked:
 
     def __init__(self, fn: Callable[[], Any]):
         self._fn = fn
+        self._answered = False
 
     def __enter__(self) -> "Forked":
         context = multiprocessing.get_context("fork")
@@ -39,14 +40,18 @@ class Forked:
             ok, value = self._receiver.recv()
         except EOFError:          # killed (out of memory, a signal): do the work here
             return fallback()
+        self._answered = True
         if not ok:
             raise value
         return value
 
     def __exit__(self, *exc_info) -> None:
-        if self._process.is_alive():
+        """Stops a process that has not answered. Neither it nor one that answered (and
+        is ending by itself) is waited for: tearing down a copy of a large process takes
+        tens of milliseconds, and multiprocessing reaps ended processes on its own (at
+        the next start, `active_children()`, and at exit)."""
+        if not self._answered and self._process.is_alive():
             self._process.terminate()
-        self._process.join()
         self._receiver.close()
 
 

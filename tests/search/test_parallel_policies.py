@@ -1,7 +1,9 @@
 """The two storage policies searched in two processes give the plan of one process."""
 
 import dataclasses
+import multiprocessing
 import os
+import time
 
 import pytest
 
@@ -120,3 +122,14 @@ def test_a_plan_from_the_child_gets_its_last_level_back(graph, forked, monkeypat
     assert {n: t.shape for n, t in device.tensors.items()} == \
         {n: t.shape for n, t in expected.tensors.items()}
     assert result.memory == here.memory
+
+
+@pytest.mark.parametrize("replicate_below", [0, 10 ** 9])
+def test_the_child_is_not_left_behind(graph, forked, replicate_below):
+    """The child is not waited for after its answer (or when it is not needed), but it
+    ends and is reaped: no process outlives the search for long."""
+    recursive.search(graph, Topology.default(8), options=Options(replicate_below=replicate_below))
+    deadline = time.monotonic() + 30
+    while multiprocessing.active_children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not multiprocessing.active_children()

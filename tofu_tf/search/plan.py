@@ -208,11 +208,12 @@ def plan_from_search(result: SearchResult, graph: Graph) -> Plan:
             dict(level.choices), level.bytes, level.exact,
             tuple(Transfer(op, t, b) for op, t, b in level.breakdown)))
     peak = result.memory.peak_bytes if result.memory is not None else 0
+    single = result.unpartitioned or single_device_peak(graph)
     return Plan(tuple((lvl.ways, lvl.bandwidth, lvl.latency) for lvl in result.topology.levels),
                 tuple(levels), len(graph), result.coarse.num_groups, result.seconds,
                 dict(result.coarse.group_of), {op.name: op.type for op in graph},
                 result.variable_storage.value, (peak,) * result.topology.num_devices,
-                single_device_peak(graph).peak_bytes)
+                single.peak_bytes)
 
 
 # Memory weights a budgeted search tries: bytes moved per byte stored on a device.

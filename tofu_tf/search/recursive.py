@@ -31,7 +31,7 @@ from tofu_tf.op_semantics.catalog import OpEntry, catalog
 from tofu_tf.options import Objective, Options, VariableStorage
 from tofu_tf.search.coarsen import CoarseGraph, coarsen
 from tofu_tf.search.level import LevelModel, LevelResult, solve_level
-from tofu_tf.search.memory import PlanMemory, plan_memory
+from tofu_tf.search.memory import PlanMemory, plan_memory, single_device_peak
 from tofu_tf.search.cost import tensor_states
 from tofu_tf.search.problem import Problem, SearchCache, root_problem, sub_problem
 from tofu_tf.search.topology import Topology
@@ -53,6 +53,9 @@ class SearchResult:
     # have to split. If not, that policy's recursion would find this very plan.
     replicates_variables: bool = False
     memory: PlanMemory | None = None      # one device's estimate (search/memory.py)
+    # The unpartitioned graph's estimate on one device, where the search made it (a forked
+    # child has the time while the caller finishes its own policy); else None.
+    unpartitioned: PlanMemory | None = None
     # The last level's model and result: what one device holds and runs (memory, time).
     last: tuple[LevelModel, LevelResult] | None = dataclasses.field(
         default=None, repr=False, compare=False)
@@ -166,7 +169,7 @@ def _search(graph, topology, solver, entries, options, memory_weight, cache,
                         deadline)
 
     if len(policies) == 2 and len(graph) >= LARGE_GRAPH_OPS and _forking.available():
-        results = _both_policies(graph, coarse, run)
+        results = _both_policies(graph, coarse, run, estimate=bool(memory_weight))
     else:
         results = []
         for policy in policies:
@@ -179,12 +182,12 @@ def _search(graph, topology, solver, entries, options, memory_weight, cache,
         results = [r.with_memory(graph) for r in results]
         best = min(results, key=lambda r: r.total_bytes + memory_weight * r.memory.peak_bytes)
     else:
-        best = min(results, key=lambda r: r.cost(objective)).with_memory(graph)
+        best = min(results, key=lambda r: r.cost(objective))
     if best.last is None:      # the forked child's plan won: rebuild its last level's model
         best = dataclasses.replace(best, last=_replay(
             graph, topology, entries, coarse, options, best.variable_storage, cache,
             best.levels))
-    return dataclasses.replace(best, seconds=time.perf_counter() - start)
+    return dataclasses.replace(best.with_memory(graph), seconds=time.perf_counter() - start)
 
 
 def _replay(graph, topology, entries, coarse, options, policy, cache, levels
@@ -197,16 +200,22 @@ def _replay(graph, topology, entries, coarse, options, policy, cache, levels
     return model, levels[-1]
 
 
-def _both_policies(graph: Graph, coarse: CoarseGraph, run) -> list[SearchResult]:
+def _both_policies(graph: Graph, coarse: CoarseGraph, run, estimate: bool
+                   ) -> list[SearchResult]:
     """The replicable policy here while a forked process searches the partitioned one
-    from the same catalog and coarse graph. Its result (with its memory estimate: its last
-    level's model stays behind) counts where the replicable plan replicates a variable.
-    The child computes overlaps with NumPy (same answers): the C++ op runs in TensorFlow,
-    whose threads a fork leaves behind."""
+    from the same catalog and coarse graph. Its result counts where the replicable plan
+    replicates a variable; it comes back without its last level's model (rebuilt here if
+    it wins), with its memory estimate only when memory decides (`estimate`), else made
+    here for the winner; and with the unpartitioned graph's estimate (both results get
+    it). The child computes overlaps with NumPy (same answers): the C++ op runs in
+    TensorFlow, whose threads a fork leaves behind."""
     def partitioned() -> SearchResult:
         cost_op.use_backend(cost_op.Backend.NUMPY)
-        result = run(VariableStorage.PARTITIONED).with_memory(graph)
-        return dataclasses.replace(result, coarse=None, last=None)
+        result = run(VariableStorage.PARTITIONED)
+        if estimate:
+            result = result.with_memory(graph)
+        return dataclasses.replace(result, coarse=None, last=None,
+                                   unpartitioned=single_device_peak(graph))
 
     with _forking.Forked(partitioned) as child:
         first = run(VariableStorage.REPLICABLE)
@@ -214,6 +223,7 @@ def _both_policies(graph: Graph, coarse: CoarseGraph, run) -> list[SearchResult]
             return [first]
         first = first.with_memory(graph)     # while the child finishes (it may not win)
         second = child.result(fallback=lambda: run(VariableStorage.PARTITIONED))
+        first = dataclasses.replace(first, unpartitioned=second.unpartitioned)
         return [first, dataclasses.replace(second, coarse=coarse)]
 
 
