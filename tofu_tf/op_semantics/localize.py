@@ -101,8 +101,7 @@ def default_local_op(sem: Semantics, strategy: Strategy | None, k: int, part: in
         req = requested[i] = region.requested(lo, hi, shape)
         clamped = slices[i] = clamp_slices(req, shape)
         fill = fills[i] = region.fill
-        pads[i] = (_pads(req, clamped) if fill is not None else
-                   _NO_PADS.get(len(shape)) or ((0, 0),) * len(shape))
+        pads[i] = _pads(req, clamped) if fill is not None else ((0, 0),) * len(shape)
     n_out = len(sem.output_shapes)
     scales = (1.0,) * n_out
     if strategy is not None and strategy.outputs:
@@ -111,9 +110,6 @@ def default_local_op(sem: Semantics, strategy: Strategy | None, k: int, part: in
     local = LocalOp(sem.op_type, dict(sem.attrs), tuple(slices), tuple(pads), tuple(fills),
                     {}, _output_slices(sem, strategy, k, part), (None,) * n_out, scales)
     return local, tuple(requested)
-
-
-_NO_PADS = {rank: ((0, 0),) * rank for rank in range(9)}
 
 
 def localize(sem: Semantics, strategy: Strategy | None, k: int, part: int) -> LocalOp:

@@ -141,11 +141,6 @@ def clamp_box(box: Box, shape: tuple[int, ...], delta: tuple[int, ...],
     return tuple(out)
 
 
-def _local_input_box(local: LocalOp, index: int) -> Box | None:
-    """The region an input's local op reads, in the op's (pre-localize) input coords."""
-    return local.input_slices[index]
-
-
 def opaque_local(sem: Semantics) -> LocalOp:
     """An opaque op runs whole on every part: it reads every input entirely."""
     n_in, n_out = len(sem.input_shapes), len(sem.output_shapes)
@@ -319,7 +314,7 @@ class _Batch:
             for pair in box:
                 coords.extend(pair)
             if len(box) < rank:
-                coords.extend(_PADDING[rank - len(box)])
+                coords.extend((0, 1) * (rank - len(box)))
         self.sizes.extend(shape)
         if len(shape) < rank:
             self.sizes.extend((1,) * (rank - len(shape)))
@@ -333,8 +328,6 @@ class _Batch:
         shapes = np.array(self.sizes, dtype=np.int64).reshape(self.count, self.rank)
         return overlaps(boxes, shapes, self.k)
 
-
-_PADDING = {pad: (0, 1) * pad for pad in range(1, 17)}
 
 
 @dataclass(frozen=True)
