@@ -24,6 +24,7 @@ that go to the lowest state index (Split on the lowest dim, before R).
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -206,13 +207,11 @@ def _min_table(per_choice: list[list[tuple[int, np.ndarray]]], shape: list[int])
 
     With the terms summed per (choice, axis state) into S [choices, sum of the axes'
     sizes] (one bincount), a cell's entry is the sum over axes of S at the cell's state on
-    each axis (`_cell_states`): a fixed number of array calls per op, however many terms
+    each axis (`_layout`): a fixed number of array calls per op, however many terms
     (bytes are whole numbers, so the sums are exact; a forbidden state's inf stays inf)."""
     n_choices = len(per_choice)
-    offsets = [0]
-    for n in shape:
-        offsets.append(offsets[-1] + n)
-    width = offsets[-1]
+    offsets, states = _layout(tuple(shape))
+    width = sum(shape)
     index, pieces = [], []
     for c, terms in enumerate(per_choice):
         for axis, vector in terms:
@@ -224,7 +223,6 @@ def _min_table(per_choice: list[list[tuple[int, np.ndarray]]], shape: list[int])
         flat, where = np.concatenate(pieces), np.array(index, dtype=np.intp)
         sums = np.bincount(where, flat, n_choices * width).reshape(n_choices, width)
         moving = np.bincount(where, flat > 0, n_choices * width).reshape(n_choices, width)
-        states = _cell_states(tuple(shape))
         tables = sums[:, states].sum(axis=1)
         transfers = moving[:, states].sum(axis=1).astype(np.int64)
     else:
@@ -240,11 +238,13 @@ _MOST = np.iinfo(np.int64).max
 
 
 @functools.lru_cache(maxsize=None)
-def _cell_states(shape: tuple[int, ...]) -> np.ndarray:
-    """[axes, prod(shape)]: per axis, the column of S (offset of the axis + the cell's
-    coordinate on it) of every cell, in C order."""
-    offsets = np.cumsum((0,) + shape[:-1], dtype=np.intp)
-    return np.indices(shape).reshape(len(shape), -1) + offsets[:, None]
+def _layout(shape: tuple[int, ...]) -> tuple[tuple[int, ...], np.ndarray]:
+    """Where each axis's states start among S's columns, and [axes, prod(shape)]: per
+    axis, the column of S (that start + the cell's coordinate on the axis) of every cell,
+    in C order."""
+    offsets = tuple(itertools.accumulate((0,) + shape))[:-1]
+    cells = np.indices(shape).reshape(len(shape), math.prod(shape))
+    return offsets, cells + np.array(offsets, dtype=np.intp).reshape(-1, 1)
 
 
 @dataclass(frozen=True)

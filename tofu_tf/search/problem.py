@@ -205,7 +205,7 @@ def make_choice(problem: Problem, op: ProblemOp, strategy: Strategy | None) -> C
         state = strategy.outputs[o] if strategy is not None else REPLICATED
         produced.append(state)
         shape = output_spec(problem, op, o).shape
-        if o < len(out_shapes) and out_shapes[o] == shape:
+        if out_shapes[o] == shape:
             output_boxes.append(tuple([local.output_slices[o] for local in locals_]))
         else:
             zero = (0,) * len(shape)
@@ -610,15 +610,17 @@ def _describe_local(problem: Problem, op: ProblemOp, label: str, tensors, memo,
     out_shapes = [tuple(b - a for a, b in (crop or share)) for share, crop in
                   zip(local.output_slices, local.output_crops)]
     shifts = tuple(_offset(local, i, len(shape)) for i, shape in enumerate(op.sem.input_shapes))
+    if op.sem.is_opaque:
+        sem = _opaque_semantics(op, in_shapes, out_shapes, op.sem.opaque_reason)
+        return sem, (), shifts, None
+    if detail == SHAPES:         # the op's own meta inputs; no computation
+        sem = _whole_semantics(op, in_shapes, out_shapes, None, op.sem.meta_inputs,
+                               op.sem.num_outputs)
+        return sem, (), shifts, None
     dtypes_in = [tensors[t].dtype for t in op.inputs]
     dtypes_out = [tensors[t].dtype for t in op.outputs]
     n_real = op.sem.num_outputs if op.sem.num_outputs is not None else len(out_shapes)
     constants = {**op.sem.constants, **local.const_inputs}
-    if op.sem.is_opaque:
-        sem = _opaque_semantics(op, in_shapes, out_shapes, op.sem.opaque_reason)
-        return sem, (), shifts, None
-    if detail == SHAPES:
-        return _shapes_only(op, in_shapes, out_shapes), (), shifts, None
     try:
         sem, strategies, sig = memo.get(op.name, local.op_type, local.attrs, in_shapes,
                                         dtypes_in, out_shapes[:n_real], dtypes_out[:n_real],
@@ -640,14 +642,13 @@ def _offset(local: LocalOp, index: int, rank: int) -> tuple[int, ...]:
     return tuple(a - p0 for (a, _), (p0, _) in zip(slices, pads))
 
 
-def _shapes_only(op: ProblemOp, in_shapes, out_shapes) -> Semantics:
-    """The local op's shapes and the op's own meta inputs; no computation."""
-    return Semantics(op.name, op.sem.op_type, tuple(tuple(s) for s in in_shapes),
-                     tuple(tuple(s) for s in out_shapes), (None,) * len(out_shapes),
-                     op.sem.meta_inputs, None, op.sem.attrs, op.sem.num_outputs)
-
-
 def _opaque_semantics(op: ProblemOp, in_shapes, out_shapes, reason: str) -> Semantics:
+    return _whole_semantics(op, in_shapes, out_shapes, reason, frozenset(), len(out_shapes))
+
+
+def _whole_semantics(op: ProblemOp, in_shapes, out_shapes, reason: str | None, meta_inputs,
+                     num_outputs: int | None) -> Semantics:
+    """The local op's shapes without a computation (every output whole)."""
     return Semantics(op.name, op.sem.op_type, tuple(tuple(s) for s in in_shapes),
                      tuple(tuple(s) for s in out_shapes), (None,) * len(out_shapes),
-                     frozenset(), reason, op.sem.attrs, len(out_shapes))
+                     meta_inputs, reason, op.sem.attrs, num_outputs)
