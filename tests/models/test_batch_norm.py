@@ -1,7 +1,9 @@
 """The written-out gradients of the batch and layer norms against the tape's derivation of
-their formulas."""
+their formulas, both ways they are attached: recorded on the tape (`with_gradient`) and
+as a `tf.custom_gradient` (what a block's symbolic gradient uses)."""
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tofu_tf.models import layers
@@ -12,10 +14,16 @@ def _plain(x, gamma, beta):
     return (x - mean) * tf.math.rsqrt(variance + layers.NORM_EPSILON) * gamma + beta
 
 
-def _batch_norm(x, gamma, beta):
-    mean = tf.reduce_mean(x, [0, 1, 2])
-    variance = tf.reduce_mean(tf.math.squared_difference(x, mean), [0, 1, 2])
-    return layers._normalize(x, mean, variance, gamma, beta)
+ATTACH = {"recorded": lambda forward: lambda *args: layers.with_gradient(forward, *args),
+          "custom_gradient": tf.custom_gradient}
+
+
+def _batch_norm(attach):
+    def norm(x, gamma, beta):
+        mean = tf.reduce_mean(x, [0, 1, 2])
+        variance = tf.reduce_mean(tf.math.squared_difference(x, mean), [0, 1, 2])
+        return attach(layers._normalize)(x, mean, variance, gamma, beta)
+    return norm
 
 
 def _assert_same_values_and_gradients(plain, written, x, scale, shift, weights):
@@ -32,13 +40,14 @@ def _assert_same_values_and_gradients(plain, written, x, scale, shift, weights):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-10, atol=1e-12)
 
 
-def test_gradient_equals_the_tapes_of_the_plain_formula():
+@pytest.mark.parametrize("attach", ATTACH)
+def test_gradient_equals_the_tapes_of_the_plain_formula(attach):
     rng = np.random.default_rng(0)
     x = tf.constant(rng.standard_normal((3, 4, 5, 6)) * 2.0 + 0.5)
     gamma = tf.constant(rng.standard_normal(6))
     beta = tf.constant(rng.standard_normal(6))
     weights = tf.constant(rng.standard_normal((3, 4, 5, 6)))
-    _assert_same_values_and_gradients(_plain, _batch_norm, x, gamma, beta, weights)
+    _assert_same_values_and_gradients(_plain, _batch_norm(ATTACH[attach]), x, gamma, beta, weights)
 
 
 def _plain_layer_norm(x, gain, bias):
@@ -46,12 +55,13 @@ def _plain_layer_norm(x, gain, bias):
     return (x - mean) * tf.math.rsqrt(variance + layers.NORM_EPSILON) * gain + bias
 
 
-def test_layer_norm_gradient_equals_the_tapes_of_the_plain_formula():
+@pytest.mark.parametrize("attach", ATTACH)
+def test_layer_norm_gradient_equals_the_tapes_of_the_plain_formula(attach):
     rng = np.random.default_rng(1)
     for shape in ((7, 6), (2, 3, 5)):
         x = tf.constant(rng.standard_normal(shape) * 2.0 + 0.5)
         gain = tf.constant(rng.standard_normal(shape[-1:]))
         bias = tf.constant(rng.standard_normal(shape[-1:]))
         weights = tf.constant(rng.standard_normal(shape))
-        _assert_same_values_and_gradients(_plain_layer_norm, layers._layer_normalize,
-                                          x, gain, bias, weights)
+        _assert_same_values_and_gradients(
+            _plain_layer_norm, ATTACH[attach](layers._layer_normalize), x, gain, bias, weights)

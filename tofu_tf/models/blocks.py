@@ -115,6 +115,12 @@ def _bound(variables, values):
             var.bind(None)
 
 
+def tracing() -> bool:
+    """A block's function is being traced: its gradient will be derived symbolically from
+    the function graph (registered gradients), not recorded on a tape."""
+    return bool(_RECORDING)
+
+
 def record_write(var, method: str, value) -> None:
     """A bound variable's write (`method` "assign" or "assign_sub" of `value`) inside a
     block's trace: made outside, after the call."""

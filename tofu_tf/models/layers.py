@@ -10,7 +10,9 @@ import math
 from typing import Callable
 
 import tensorflow as tf
+from tensorflow.python.eager import record
 
+from tofu_tf.models.blocks import tracing
 from tofu_tf.models.common import VariableStore
 
 Apply = Callable[[tf.Tensor], tf.Tensor]
@@ -56,12 +58,27 @@ def batch_norm(store: VariableStore, name: str, channels: int) -> Apply:
         variance = tf.reduce_mean(tf.math.squared_difference(x, mean), [0, 1, 2])
         _update_moving(store, moving_mean, mean)
         _update_moving(store, moving_var, variance)
-        return _normalize(x, mean, variance, tf.convert_to_tensor(gamma),
-                          tf.convert_to_tensor(beta))
+        return with_gradient(_normalize, x, mean, variance, tf.convert_to_tensor(gamma),
+                             tf.convert_to_tensor(beta))
     return apply
 
 
-@tf.custom_gradient
+def with_gradient(forward: Callable, *inputs: tf.Tensor) -> tf.Tensor:
+    """`forward(*inputs)` returns (y, grad), `grad(dy)` one gradient per input (None: no
+    gradient); y is differentiated by `grad` alone.
+
+    On a tape (the step's), one op from `inputs` to y is recorded and the forward's own
+    ops are not. `tf.custom_gradient` does the same for any gradient, the symbolic one of
+    a block's function graph too, at a cost a tape does not need: an IdentityN over y and
+    every input, whose unused outputs the tape fills with zeros, eight ops per batch norm."""
+    if tracing():
+        return tf.custom_gradient(forward)(*inputs)
+    with record.stop_recording():
+        y, grad = forward(*inputs)
+    record.record_operation(forward.__name__, [y], list(inputs), grad)
+    return y
+
+
 def _normalize(x, mean, variance, gamma, beta):
     """xhat * gamma + beta, xhat = (x - mean) * inv, inv = rsqrt(variance + eps), for the
     mean and variance of x over N, H, W. With m = N*H*W the whole backward (through the
@@ -83,10 +100,13 @@ def _normalize(x, mean, variance, gamma, beta):
 
 def _update_moving(store: VariableStore, moving: tf.Variable, batch_value: tf.Tensor) -> None:
     """moving -= (moving - batch_value) * (1 - momentum), the moving average as Keras
-    writes it: a Sub, a Mul and an AssignSubVariableOp. The StopGradient keeps a block
-    function's backward (blocks.py), which differentiates every result, off the update
-    (else it would build the Mul's and Sub's broadcasting gradients, dead ops)."""
-    delta = tf.stop_gradient((moving - batch_value) * (1.0 - BN_MOMENTUM))
+    writes it: a Sub, a Mul and an AssignSubVariableOp, never differentiated (in a block's
+    function, whose backward differentiates every result, a StopGradient keeps the Mul's
+    and Sub's broadcasting gradients, dead ops, out of it)."""
+    with record.stop_recording():
+        delta = (moving - batch_value) * (1.0 - BN_MOMENTUM)
+    if tracing():
+        delta = tf.stop_gradient(delta)
     store.add_update(moving.assign_sub(delta, read_value=False))
 
 
@@ -98,11 +118,11 @@ def layer_norm(store: VariableStore, name: str, channels: int) -> Apply:
     bias = store.get(f"{name}/bias", [channels])
 
     def apply(x):
-        return _layer_normalize(x, tf.convert_to_tensor(gain), tf.convert_to_tensor(bias))
+        return with_gradient(_layer_normalize, x, tf.convert_to_tensor(gain),
+                             tf.convert_to_tensor(bias))
     return apply
 
 
-@tf.custom_gradient
 def _layer_normalize(x, gain, bias):
     """xhat * gain + bias, xhat = (x - mean) * inv, inv = rsqrt(variance + eps), for the
     mean and variance of x over its last axis. With g = dy * gain the backward is
