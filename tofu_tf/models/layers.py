@@ -7,6 +7,7 @@ eagerly (variables made outside the traced step) and in graph-only mode.
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Callable
 
 import tensorflow as tf
@@ -18,6 +19,25 @@ from tofu_tf.models.common import VariableStore
 Apply = Callable[[tf.Tensor], tf.Tensor]
 NORM_EPSILON = 1e-5
 BN_MOMENTUM = 0.9
+NHW = (0, 1, 2)                    # the axes a batch norm reduces over
+
+_CONSTANTS: "weakref.WeakKeyDictionary[tf.Graph, dict]" = weakref.WeakKeyDictionary()
+
+
+def shared_constant(value, dtype: tf.DType) -> tf.Tensor:
+    """One Const per graph for each (value, dtype) the layers use (reduction axes,
+    epsilons, factors), where writing the value at each use makes a Const there: ResNet-50's
+    norms would build some 120 equal ones. Eager: a plain constant."""
+    if tf.executing_eagerly():
+        return tf.constant(value, dtype)
+    graph = tf.compat.v1.get_default_graph()
+    table = _CONSTANTS.setdefault(graph, {})
+    key = (value, dtype)
+    found = table.get(key)
+    if found is None:
+        with graph.name_scope(None):
+            found = table[key] = tf.constant(value, dtype, name="shared_constant")
+    return found
 
 
 def dense(store: VariableStore, name: str, d_in: int, d_out: int, *,
@@ -54,8 +74,9 @@ def batch_norm(store: VariableStore, name: str, channels: int) -> Apply:
     moving_var = store.get(f"{name}/moving_variance", [channels], offset=1.0, trainable=False)
 
     def apply(x):
-        mean = tf.reduce_mean(x, [0, 1, 2])
-        variance = tf.reduce_mean(tf.math.squared_difference(x, mean), [0, 1, 2])
+        axes = shared_constant(NHW, tf.int32)
+        mean = tf.reduce_mean(x, axes)
+        variance = tf.reduce_mean(tf.math.squared_difference(x, mean), axes)
         _update_moving(store, moving_mean, mean)
         _update_moving(store, moving_var, variance)
         return with_gradient(_normalize, x, mean, variance, tf.convert_to_tensor(gamma),
@@ -86,14 +107,15 @@ def _normalize(x, mean, variance, gamma, beta):
 
         dbeta = sum(dy),  dgamma = sum(dy * xhat),
         dx = gamma * inv * (dy - (xhat * dgamma + dbeta) / m)."""
-    inv = tf.math.rsqrt(variance + NORM_EPSILON)
+    inv = tf.math.rsqrt(variance + shared_constant(NORM_EPSILON, x.dtype))
     xhat = (x - mean) * inv
     count = math.prod(x.shape[:3])
 
-    def grad(dy):
-        dbeta = tf.reduce_sum(dy, [0, 1, 2])
-        dgamma = tf.reduce_sum(dy * xhat, [0, 1, 2])
-        dx = (gamma * inv) * (dy - (xhat * dgamma + dbeta) * (1.0 / count))
+    def grad(dy):      # constants made here: a block's backward graph would capture them
+        axes, per_count = shared_constant(NHW, tf.int32), shared_constant(1.0 / count, x.dtype)
+        dbeta = tf.reduce_sum(dy, axes)
+        dgamma = tf.reduce_sum(dy * xhat, axes)
+        dx = (gamma * inv) * (dy - (xhat * dgamma + dbeta) * per_count)
         return dx, None, None, dgamma, dbeta
     return xhat * gamma + beta, grad
 
@@ -104,7 +126,8 @@ def _update_moving(store: VariableStore, moving: tf.Variable, batch_value: tf.Te
     function, whose backward differentiates every result, a StopGradient keeps the Mul's
     and Sub's broadcasting gradients, dead ops, out of it)."""
     with record.stop_recording():
-        delta = (moving - batch_value) * (1.0 - BN_MOMENTUM)
+        delta = (moving - batch_value) * shared_constant(1.0 - BN_MOMENTUM,
+                                                         batch_value.dtype)
     if tracing():
         delta = tf.stop_gradient(delta)
     store.add_update(moving.assign_sub(delta, read_value=False))
@@ -132,7 +155,7 @@ def _layer_normalize(x, gain, bias):
     mean = tf.reduce_mean(x, axis=-1, keepdims=True)
     centered = x - mean
     variance = tf.reduce_mean(tf.square(centered), axis=-1, keepdims=True)
-    inv = tf.math.rsqrt(variance + NORM_EPSILON)
+    inv = tf.math.rsqrt(variance + shared_constant(NORM_EPSILON, x.dtype))
     xhat = centered * inv
     outer = list(range(x.shape.rank - 1))
 
