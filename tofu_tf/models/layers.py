@@ -27,17 +27,19 @@ _CONSTANTS: "weakref.WeakKeyDictionary[tf.Graph, dict]" = weakref.WeakKeyDiction
 def shared_constant(value, dtype: tf.DType) -> tf.Tensor:
     """One Const per graph for each (value, dtype) the layers use (reduction axes,
     epsilons, factors), where writing the value at each use makes a Const there: ResNet-50's
-    norms would build some 120 equal ones. Eager: a plain constant."""
+    norms would build some 120 equal ones. The table keeps names, not tensors, which would
+    keep their graph alive. Eager: a plain constant."""
     if tf.executing_eagerly():
         return tf.constant(value, dtype)
     graph = tf.compat.v1.get_default_graph()
-    table = _CONSTANTS.setdefault(graph, {})
-    key = (value, dtype)
-    found = table.get(key)
-    if found is None:
-        with graph.name_scope(None):
-            found = table[key] = tf.constant(value, dtype, name="shared_constant")
-    return found
+    names = _CONSTANTS.setdefault(graph, {})
+    name = names.get((value, dtype))
+    if name is not None:
+        return graph.get_tensor_by_name(name)
+    with graph.name_scope(None):
+        tensor = tf.constant(value, dtype, name="shared_constant")
+    names[(value, dtype)] = tensor.name
+    return tensor
 
 
 def dense(store: VariableStore, name: str, d_in: int, d_out: int, *,
