@@ -32,13 +32,12 @@ def shared_constant(value, dtype: tf.DType) -> tf.Tensor:
     if tf.executing_eagerly():
         return tf.constant(value, dtype)
     graph = tf.compat.v1.get_default_graph()
-    names = _CONSTANTS.setdefault(graph, {})
-    name = names.get((value, dtype))
-    if name is not None:
-        return graph.get_tensor_by_name(name)
+    names, key = _CONSTANTS.setdefault(graph, {}), (value, dtype)
+    if key in names:
+        return graph.get_tensor_by_name(names[key])
     with graph.name_scope(None):
         tensor = tf.constant(value, dtype, name="shared_constant")
-    names[(value, dtype)] = tensor.name
+    names[key] = tensor.name
     return tensor
 
 
