@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tofu_tf.errors import TofuError
-from tofu_tf.models import build
+from tofu_tf.models import build, common
 from tofu_tf.models.common import VariableStore
 from tofu_tf.rewrite.graphdef_io import import_graph_def
 from tofu_tf.runtime import SingleDevice
@@ -17,8 +17,14 @@ from tofu_tf.search.plan import make_plan
 from tofu_tf.search.topology import Topology
 
 # Sizes with repeated blocks: 3 equal layers; units (3, 3, 3, 3), whose 2nd and 3rd units of a
-# stage are alike; 5 time steps of each LSTM layer's cell.
+# stage are alike; 5 time steps of each LSTM layer's cell. Keys of these few calls are
+# built op by op by default: the tests that trace them share from two calls.
 MODELS = {"transformer": {"layers": 3}, "wresnet": {"depth": 38}, "lstm": {}}
+
+
+@pytest.fixture
+def share_from_two_calls(monkeypatch):
+    monkeypatch.setattr(common, "MIN_SHARED_CALLS", 2)
 
 
 def _step(model: str, layer_functions: bool, **kwargs):
@@ -27,7 +33,7 @@ def _step(model: str, layer_functions: bool, **kwargs):
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))
-def test_same_numbers_as_the_flat_build(model):
+def test_same_numbers_as_the_flat_build(model, share_from_two_calls):
     flat, layered = _step(model, False), _step(model, True)
     assert not flat.graph_def.library.function and layered.graph_def.library.function
     batches = [flat.sample_batch(seed) for seed in range(3)]
@@ -49,7 +55,7 @@ def test_same_numbers_as_the_flat_build(model):
 @pytest.mark.parametrize("model,sizes", [("transformer", ({"layers": 2}, {"layers": 6})),
                                          ("wresnet", ({"depth": 38}, {"depth": 74})),
                                          ("lstm", ({"steps": 3}, {"steps": 9}))])
-def test_each_distinct_block_is_traced_once(model, sizes):
+def test_each_distinct_block_is_traced_once(model, sizes, share_from_two_calls):
     """The function library does not grow with depth (or time steps)."""
     libraries = [build(model, optimizer="sgd", graph_only=True, batch_size=2, **size)
                  .graph_def.library.function for size in sizes]
@@ -63,7 +69,7 @@ def test_a_block_called_once_is_built_op_by_op():
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))
-def test_the_planner_sees_the_flat_graph(model):
+def test_the_planner_sees_the_flat_graph(model, share_from_two_calls):
     graphs = [import_graph_def(s.graph_def, s.fetches).graph
               for s in (_step(model, False), _step(model, True))]
     flat, layered = graphs
@@ -77,13 +83,25 @@ def test_the_planner_sees_the_flat_graph(model):
     assert plans[1].total_bytes == plans[0].total_bytes
 
 
-def test_dropout_layers_are_not_shared():
+def test_keys_of_fewer_calls_than_the_threshold_are_built_op_by_op():
+    """By default a key is shared from MIN_SHARED_CALLS calls: ResNet-50's keys (2, 3 and 5
+    calls) are not, a Transformer of that many layers is, one of a layer fewer is not."""
+    resnet = build("wresnet", optimizer="sgd", graph_only=True, batch_size=2, depth=50,
+                   widen=1, base_width=4, image_size=8, num_classes=4, initializers=False)
+    assert not resnet.graph_def.library.function
+    layers = [build("transformer", optimizer="sgd", graph_only=True, batch_size=2,
+                    layers=n, initializers=False).graph_def.library.function
+              for n in (common.MIN_SHARED_CALLS - 1, common.MIN_SHARED_CALLS)]
+    assert not layers[0] and layers[1]
+
+
+def test_dropout_layers_are_not_shared(share_from_two_calls):
     """Each layer draws its masks from its own seeds: no layer function."""
     step = build("transformer", optimizer="sgd", graph_only=True, batch_size=2, dropout=0.1)
     assert not step.graph_def.library.function
 
 
-def test_a_block_variable_cannot_be_incremented_inside_the_function():
+def test_a_block_variable_cannot_be_incremented_inside_the_function(share_from_two_calls):
     import tensorflow as tf
     graph = tf.Graph()
     with graph.as_default():

@@ -12,8 +12,9 @@ key:
                (batch-norm statistics; the writes, assign or assign_sub, are made outside)
 
 so the function is pure, and its gradient (the tape's backward function) is built once
-too. A key called once in all is built op by op: its function, inference and backward,
-would cost more than the block. Blocks with one key must compute the same thing from their variables: the key holds
+too. A key called fewer than `common.MIN_SHARED_CALLS` times in all is built op by op: its
+function, inference and backward, and each call's overhead would cost more than the
+blocks. Blocks with one key must compute the same thing from their variables: the key holds
 every setting `make` reads besides the variables (sizes, strides; a block drawing random
 numbers from per-block seeds cannot share). The importer inlines the calls
 (rewrite/_inline.py): the planner sees the same ops on the same values as a flat build.
