@@ -178,29 +178,29 @@ def table(stored: dict) -> str:
     for key in sorted(results, key=lambda k: (results[k]["config"], results[k]["devices"])):
         row = results[key]
         base = row.get("baselines") or {}
-        best = min(base.items(), key=lambda kv: kv[1]) if base else ("-", float("nan"))
+        best = min(base.items(), key=lambda kv: (kv[1], kv[0])) if base else ("-", float("nan"))
         lines.append(f"| {row['config']} | {row['devices']} | {row['num_ops']} | "
                      f"{row['search_seconds']:.2f} | {row['plan_bytes'] / 2**30:.3f} | "
                      f"{best[1] / 2**30:.3f} ({best[0]}) |")
-    for label, ratio in stored.get("depth_doubling", {}).items():
+    for label, ratio in sorted(stored.get("depth_doubling", {}).items()):
         lines.append(f"\nSearch-time ratio per doubling of depth, {label}: {ratio:.2f}")
     if stored.get("end_to_end"):
         lines += ["", "| end to end (8 devices) | build s | import s | search s | total s | "
                       "target s | ILP planner s |", "|---|---|---|---|---|---|---|"]
-        for name, row in stored["end_to_end"].items():
+        for name, row in sorted(stored["end_to_end"].items()):
             lines.append(f"| {name} | {row['build']:.2f} | {row['import']:.2f} | "
                          f"{row['search']:.2f} | {row['total']:.2f} | "
                          f"{row['target_seconds']} | {row['reference_planner_seconds']} |")
     if stored.get("backends"):
         lines += ["", "| whole search, 8 devices | C++ op s | NumPy s | speedup |",
                   "|---|---|---|---|"]
-        for name, row in stored["backends"].items():
+        for name, row in sorted(stored["backends"].items()):
             lines.append(f"| {name} | {row['c++']:.2f} | {row['numpy']:.2f} | "
                          f"{row['speedup']:.2f}x |")
     if stored.get("gap"):
         lines += ["", "| tiny model @ devices | recursive B | joint optimum B | gap |",
                   "|---|---|---|---|"]
-        for name, row in stored["gap"].items():
+        for name, row in sorted(stored["gap"].items()):
             joint = f"{row['joint_bytes']:.0f}" if "joint_bytes" in row else row["error"]
             gap = f"{row['gap']:.2%}" if "gap" in row else "-"
             lines.append(f"| {name} | {row['recursive_bytes']:.0f} | {joint} | {gap} |")
