@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tofu_tf.models import build, common
+from tofu_tf.models import build
 from tofu_tf.rewrite.graphdef_io import import_graph_def
 
 MODELS = {"mlp": {}, "transformer": {"layers": 3}, "wresnet": {"depth": 38}, "lstm": {}}
@@ -30,8 +30,7 @@ def _planner_view(step):
 
 @pytest.mark.parametrize("layer_functions", [True, False])
 @pytest.mark.parametrize("model", sorted(MODELS))
-def test_the_planner_graph_is_the_same(model, layer_functions, monkeypatch):
-    monkeypatch.setattr(common, "MIN_SHARED_CALLS", 2)    # these sizes' few calls share too
+def test_the_planner_graph_is_the_same(model, layer_functions, share_from_two_calls):
     full = _step(model, layer_functions, True)
     lean = _step(model, layer_functions, False)
     assert lean.init_op is None and full.init_op is not None

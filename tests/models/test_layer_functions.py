@@ -18,13 +18,8 @@ from tofu_tf.search.topology import Topology
 
 # Sizes with repeated blocks: 3 equal layers; units (3, 3, 3, 3), whose 2nd and 3rd units of a
 # stage are alike; 5 time steps of each LSTM layer's cell. Keys of these few calls are
-# built op by op by default: the tests that trace them share from two calls.
+# built op by op by default: the tests that trace them share from two calls (conftest.py).
 MODELS = {"transformer": {"layers": 3}, "wresnet": {"depth": 38}, "lstm": {}}
-
-
-@pytest.fixture
-def share_from_two_calls(monkeypatch):
-    monkeypatch.setattr(common, "MIN_SHARED_CALLS", 2)
 
 
 def _step(model: str, layer_functions: bool, **kwargs):
