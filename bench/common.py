@@ -29,14 +29,53 @@ def configurations() -> dict[str, tuple[str, dict]]:
     return configs
 
 
+def cpu() -> str:
+    """The CPU as /proc/cpuinfo names it, with its family and model numbers (a virtual
+    machine's model name alone, e.g. 'AMD EPYC', does not tell the generations apart)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    fields = dict(line.split(":", 1) for line in info.splitlines()[:30] if ":" in line)
+    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    return (f"{fields.get('model name', '?')} (family {fields.get('cpu family', '?')}, "
+            f"model {fields.get('model', '?')})")
+
+
+REFERENCE_LOOP_ITEMS = 1_000_000
+
+
+def reference_loop_seconds(repeats: int = 5) -> float:
+    """Median seconds of a fixed interpreter workload that uses none of this package
+    (building and reading `REFERENCE_LOOP_ITEMS` small dicts): a yardstick for the speed
+    of the machine at the time of a run, so that timings from different machines or hours
+    can be compared. It moves with the host, not with this package's code."""
+    import statistics
+
+    def run():
+        total = 0
+        for i in range(REFERENCE_LOOP_ITEMS):
+            row = {"index": i, "square": i * i}
+            total += row["square"] % 7
+        return total
+
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
 def machine() -> dict:
     import numpy
     import tensorflow as tf
     from tofu_tf.cc import cost_op
-    return {"nproc": os.cpu_count(), "python": platform.python_version(),
+    return {"nproc": os.cpu_count(), "cpu": cpu(), "python": platform.python_version(),
             "tensorflow": tf.__version__, "numpy": numpy.__version__,
             "cost_backend": cost_op.backend().value, "load": os.getloadavg()[0],
-            "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS")}
+            "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
+            "reference_loop_seconds": reference_loop_seconds()}
 
 
 def median_seconds(run, repeats: int, warmup: int = 2) -> float:

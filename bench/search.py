@@ -17,6 +17,10 @@ Sections (each merged into bench/results/search.json; the tables go to search.md
 - backends: the whole search with the C++ cost op against the NumPy fallback.
 - gap: on the tiny reference models, the recursive plan against the joint optimum of all
   levels (exact DP over product domains) at 4 = 2x2 and 8 = 2x2x2 devices.
+
+Each section records the machine it last ran on: the CPU, and the median seconds of a
+fixed interpreter loop that uses none of this package (`common.reference_loop_seconds`),
+the yardstick to compare timings from different machines or hours by.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from pathlib import Path
 from absl import app, flags
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import (configurations, load, read_results,  # noqa: E402
+from common import (configurations, load, machine, read_results,  # noqa: E402
                     write_results)
 
 FLAGS = flags.FLAGS
@@ -204,6 +208,11 @@ def table(stored: dict) -> str:
             joint = f"{row['joint_bytes']:.0f}" if "joint_bytes" in row else row["error"]
             gap = f"{row['gap']:.2%}" if "gap" in row else "-"
             lines.append(f"| {name} | {row['recursive_bytes']:.0f} | {joint} | {gap} |")
+    if stored.get("machines"):
+        lines += ["", "| section | machine | reference loop s |", "|---|---|---|"]
+        for section, row in sorted(stored["machines"].items()):
+            lines.append(f"| {section} | {row['cpu']}, {row['nproc']} CPUs | "
+                         f"{row['reference_loop_seconds']:.3f} |")
     return "\n".join(lines)
 
 
@@ -234,6 +243,8 @@ def main(argv) -> int:
         stored["backends"] = backends(FLAGS.repeats)
     if "gap" in sections:
         stored["gap"] = gap()
+    for section in sections:     # sections are rerun at different times, on other machines
+        stored.setdefault("machines", {})[section] = machine()
     print(write(stored))
     return 0
 
