@@ -224,29 +224,36 @@ def main(argv) -> int:
     stored = read_results("search", FLAGS.fresh)
     stored.setdefault("results", {})
     sections = set(FLAGS.sections.split(","))
-    if "configs" in sections:
-        wanted = [c for c in FLAGS.only.split(",") if c] or list(configurations())
-        for name in wanted:
-            graph, build_seconds = load(*configurations()[name])
-            for devices in (int(d) for d in FLAGS.devices.split(",")):
-                row = run_one(graph, devices, FLAGS.repeats, FLAGS.baselines)
-                row.update(config=name, build_import_seconds=build_seconds)
-                stored["results"][f"{name}@{devices}"] = row
-                print(f"{name} @ {devices}: search {row['search_seconds']:.2f} s, "
-                      f"plan {row['plan_bytes'] / 2**30:.3f} GiB", flush=True)
-                write(stored)                  # keep what is done if the run is cut short
-            del graph
-        stored["depth_doubling"] = depth_doubling(stored["results"])
-    if "end_to_end" in sections:
-        stored["end_to_end"] = end_to_end(FLAGS.repeats)
-    if "backends" in sections:
-        stored["backends"] = backends(FLAGS.repeats)
-    if "gap" in sections:
-        stored["gap"] = gap()
-    for section in sections:     # sections are rerun at different times, on other machines
-        stored.setdefault("machines", {})[section] = machine()
+    runs = {"configs": ("depth_doubling", lambda: configs(stored)),
+            "end_to_end": ("end_to_end", lambda: end_to_end(FLAGS.repeats)),
+            "backends": ("backends", lambda: backends(FLAGS.repeats)), "gap": ("gap", gap)}
+    if sections - runs.keys():
+        raise app.UsageError(f"unknown --sections {sorted(sections - runs.keys())}; "
+                             f"choose from {sorted(runs)}")
+    for section, (key, run) in runs.items():
+        if section in sections:
+            stored[key] = run()
+            # sections are rerun at different times, on other machines: each keeps its own
+            stored.setdefault("machines", {})[section] = machine(yardstick=True)
     print(write(stored))
     return 0
+
+
+def configs(stored: dict) -> dict:
+    """Every wanted configuration's rows into stored["results"], written as they come;
+    returns the search-time ratios per doubling of depth."""
+    wanted = [c for c in FLAGS.only.split(",") if c] or list(configurations())
+    for name in wanted:
+        graph, build_seconds = load(*configurations()[name])
+        for devices in (int(d) for d in FLAGS.devices.split(",")):
+            row = run_one(graph, devices, FLAGS.repeats, FLAGS.baselines)
+            row.update(config=name, build_import_seconds=build_seconds)
+            stored["results"][f"{name}@{devices}"] = row
+            print(f"{name} @ {devices}: search {row['search_seconds']:.2f} s, "
+                  f"plan {row['plan_bytes'] / 2**30:.3f} GiB", flush=True)
+            write(stored)                  # keep what is done if the run is cut short
+        del graph
+    return depth_doubling(stored["results"])
 
 
 def write(stored: dict) -> str:
