@@ -12,11 +12,13 @@ from tofu_tf.errors import PlanInfeasibleError, TofuError
 from tofu_tf.models import build
 from tofu_tf.op_semantics.analysis import REPLICATED, Split
 from tofu_tf.op_semantics.catalog import catalog
+from tofu_tf.options import Options, VariableStorage
 from tofu_tf.rewrite.graphdef_io import import_concrete_function
 from tofu_tf.search import dp
 from tofu_tf.search.coarsen import CoarseGraph
 from tofu_tf.search.exact import (JointMethod, Linearisation, ilp_level, ilp_minimum,
-                                  ilp_search, joint_model, joint_optimum, state_tree)
+                                  ilp_search, joint_model, joint_optimum, recursion_under,
+                                  state_tree)
 from tofu_tf.search.level import LevelModel, solve_level
 from tofu_tf.search.problem import Problem, TensorSpec
 from tofu_tf.search.recursive import level_models, search
@@ -211,6 +213,25 @@ def test_joint_optimum_of_three_levels():
     result, best = _recursive_and_joint("mlp", "sgd", 8)
     assert len(result.levels) == 3
     assert best.cost <= result.total_bytes * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("name,devices", [("mlp", 4), ("lstm", 4), ("wresnet", 4), ("mlp", 8)])
+def test_recursion_under_the_joint_first_level(name, devices):
+    """The recursion under the joint optimum's level-1 states lies between the joint
+    optimum and the recursive plan: level 1 fixed by its own cost is where the gap is."""
+    graph, entries = graph_of(name)
+    topology = Topology.default(devices)
+    own = search(graph, topology, entries=entries,
+                 options=Options(variable_storage=VariableStorage.REPLICABLE))
+    joint = joint_model(graph, topology, entries=entries)
+    # the projection gives the recursive plan's own level-1 states back
+    assert joint.first_level(joint.plan_leaves(own))[0] == own.levels[0].assignment
+    best = joint.solve()
+    under = recursion_under(graph, topology, joint.first_level(best.leaves), entries=entries)
+    assert best.cost * (1 - 1e-9) <= under.total_bytes <= own.total_bytes * (1 + 1e-9)
+    assert under.levels[0].bytes >= own.levels[0].bytes * (1 - 1e-9)   # level 1 is exact
+    if devices == 4:       # two levels: the second is exact under any first
+        assert under.total_bytes == pytest.approx(best.cost, rel=1e-9)
 
 
 def test_joint_problem_too_large_raises():

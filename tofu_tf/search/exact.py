@@ -31,6 +31,9 @@ only. The joint vector of group g is sum_l k_1...k_{l-1} v_l[X_l] on the paths t
 K_1[g], ..., K_{L-1}[g] and +inf elsewhere. `dp.solve` minimises it through the op tables
 (min over joint choices), the ILP above through the choices; both are exact and must
 agree. `JointModel.plan_cost` prices a recursive plan in it: equal to its total_bytes.
+`recursion_under` reruns the recursion with level 1 fixed to the joint optimum's
+(`JointModel.first_level`): where it meets the joint optimum, the recursion's gap is
+all in level 1, chosen by its own cost without the levels below.
 
 Limits: the joint problem enumerates, per op, every level-l choice under every state
 combination of the op's groups at every level before the last. That suits tiny graphs at
@@ -40,6 +43,7 @@ combination of the op's groups at every level before the last. That suits tiny g
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import enum
 import itertools
@@ -55,9 +59,10 @@ from tofu_tf.errors import PlanInfeasibleError, TofuError
 from tofu_tf.graph import Graph
 from tofu_tf.op_semantics.analysis import OutputState
 from tofu_tf.op_semantics.catalog import OpEntry, catalog
+from tofu_tf.options import Options, VariableStorage
 from tofu_tf.search import dp
 from tofu_tf.search.coarsen import CoarseGraph, coarsen
-from tofu_tf.search.level import LevelModel, LevelResult, result_of
+from tofu_tf.search.level import LevelModel, LevelResult, result_of, solve_level
 from tofu_tf.search.problem import (Choice, Problem, ProblemOp, TensorSpec, clamp_box,
                                     cost_vectors, fetch_extra, make_choice, may_replicate,
                                     output_spec, sub_problem)
@@ -535,6 +540,14 @@ class JointModel:
         return tuple(tree.leaf(tuple(level.assignment[g] for level in result.levels))
                      for g, tree in enumerate(self.trees))
 
+    def first_level(self, leaves: tuple[int, ...]) -> tuple[tuple[int, ...], dict[str, str]]:
+        """Level 1 of the joint states `leaves`: each group's level-1 state index, and each
+        op's level-1 choice label in the best joint choices under `leaves`."""
+        _, chosen = self.model.evaluate(leaves)
+        return (tuple(bisect.bisect_right(tree.offsets, leaf) - 1
+                      for tree, leaf in zip(self.trees, leaves)),
+                {op: self.keys[op][c][0] for op, c in chosen.items()})
+
     def plan_cost(self, result: SearchResult) -> float:
         """The joint objective of a recursive plan's own states and choices; equals its
         total_bytes when the joint pieces match sub_problem."""
@@ -611,6 +624,31 @@ def joint_model(graph: Graph, topology: Topology, *,
                             for _, joint in choices]
     model = LevelModel(None, coarse, vectors, [tree.size for tree in trees])
     return JointModel(model, trees, keys, ways)
+
+
+def recursion_under(graph: Graph, topology: Topology,
+                    first_level: tuple[tuple[int, ...], dict[str, str]], *,
+                    entries: dict[str, OpEntry] | None = None) -> SearchResult:
+    """The recursion with level 1 fixed to `first_level` (group state indices into the
+    replicable policy's level-1 domains, and op choice labels, as `JointModel.first_level`
+    gives them); the levels below are solved as usual. Under the joint optimum's level 1
+    it splits the recursion's gap into what level 1, fixed by its own cost alone, loses
+    and what the deeper levels lose: at two levels it is the joint optimum."""
+    assignment, labels = first_level
+    solved = 0
+
+    def solver(model: LevelModel) -> LevelResult:
+        nonlocal solved
+        solved += 1
+        if solved > 1:
+            return solve_level(model)
+        index = {op: {choice.label: c for c, choice in enumerate(choices)}
+                 for op, choices in model.problem.choices.items()}
+        chosen = {op: index[op][labels[op]] for op in model.vectors}
+        return result_of(model, assignment, True, 0.0, chosen)
+
+    return search(graph, topology, solver=solver, entries=entries,
+                  options=Options(variable_storage=VariableStorage.REPLICABLE))
 
 
 def joint_optimum(graph: Graph, topology: Topology,

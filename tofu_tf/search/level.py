@@ -275,8 +275,15 @@ def solve_level(model: LevelModel, max_table: int = dp.MAX_TABLE,
     return result_of(model, solution.assignment, solution.exact, time.perf_counter() - start)
 
 
-def result_of(model: LevelModel, assignment, exact: bool, seconds: float) -> LevelResult:
-    total, chosen = model.evaluate(assignment)
+def result_of(model: LevelModel, assignment, exact: bool, seconds: float,
+              chosen: dict[str, int] | None = None) -> LevelResult:
+    """The level's result under a group assignment: each op's cheapest choice under it,
+    or the op -> choice index given as `chosen`."""
+    if chosen is None:
+        total, chosen = model.evaluate(assignment)
+    else:
+        total = sum(moved for op, c in chosen.items()
+                    for _, moved in model.moved(op, c, assignment))
     states = {t: model.group_states(g)[assignment[g]]
               for g, members in enumerate(model.coarse.members) for t in members}
     labels = {op: model.problem.choices[op][c].label for op, c in chosen.items()}
