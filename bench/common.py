@@ -50,8 +50,6 @@ def reference_loop_seconds(repeats: int = 5) -> float:
     (building and reading `REFERENCE_LOOP_ITEMS` small dicts): a yardstick for the speed
     of the machine at the time of a run, so that timings from different machines or hours
     can be compared. It moves with the host, not with this package's code."""
-    import statistics
-
     def run():
         total = 0
         for i in range(REFERENCE_LOOP_ITEMS):
@@ -59,12 +57,7 @@ def reference_loop_seconds(repeats: int = 5) -> float:
             total += row["square"] % 7
         return total
 
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds)
+    return median_seconds(run, repeats, warmup=0)
 
 
 def machine(yardstick: bool = False) -> dict:
