@@ -26,6 +26,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.framework import graph_pb2, types_pb2
 
 from tofu_tf._tf_graph import LazyGraph
 from tofu_tf.api import optimize_imported
@@ -70,10 +71,14 @@ class Culprit:
     choices: tuple[str, ...]                  # its plan choice at each level
     input_states: tuple[tuple[str, ...], ...]  # per input, its stored state at each level
     pieces: tuple[str, ...]                   # per device: what its local op reads, holds
+    replayed: TensorDiff | None = None        # its output against the whole op on its
+                                              # partitioned inputs (None: not replayable)
 
     def __str__(self) -> str:
         lines = [f"step {self.step}: first differing op {self.diff.op} ({self.diff.op_type})",
                  f"  output {self.diff}",
+                 f"  against the whole op on the same inputs: "
+                 f"{self.replayed if self.replayed else 'not replayable (stateful)'}",
                  f"  choice per level: {', '.join(self.choices) or 'none'}"]
         for diff, states in zip(self.inputs, self.input_states):
             lines.append(f"  input  {diff}; stored {', '.join(states)}")
@@ -108,8 +113,9 @@ class DebugReport:
             return (f"equal: {compared} tensors and variables over {len(self.steps)} "
                     f"step(s) agree within tolerance.")
         lines = [str(self.culprit)] if self.culprit else [
-            "outputs differ, but no op has a differing output with agreeing inputs "
-            "(a variable update differs):"]
+            "rounding only: every differing op's partitioned output equals the whole op run "
+            "on its partitioned inputs; the differences are carried from reordered sums "
+            "and magnified downstream (compare in float64 to see them vanish)."]
         for step in self.steps:
             worst = sorted(step.differing, key=lambda d: -d.relative)[:8]
             if worst:
@@ -142,7 +148,7 @@ def compare_step(imported: ImportedGraph, topology: Topology | str | int,
     optimized = optimize_imported(imported, topology, feeds=list(batches[0]), options=options,
                                   plan=plan, expose=tensors)
     exposed = [EXPOSED + t.replace(":", "_") + ":0" for t in tensors]
-    reports = []
+    reports, culprit = [], None
     with _Unpartitioned(imported) as single, Runner(optimized, values) as runner:
         single.load(values)
         for step, batch in enumerate(batches):
@@ -155,9 +161,9 @@ def compare_step(imported: ImportedGraph, topology: Topology | str | int,
                                                 rtol, atol))
             reports.append(report)
             if report.differing:
+                culprit = _Judge(imported, optimized.plan, report, dict(zip(tensors, got)),
+                                 rtol, atol).culprit()
                 break
-    culprit = next((c for c in (_culprit(imported, optimized, r) for r in reports) if c),
-                   None)
     return DebugReport(optimized.plan, tuple(reports), culprit)
 
 
@@ -183,23 +189,182 @@ def _variable_diffs(graph: Graph, got, want, rtol, atol) -> tuple[TensorDiff, ..
     return tuple(out)
 
 
-def _culprit(imported: ImportedGraph, optimized, report: StepReport) -> Culprit | None:
+class _Judge:
+    """Names the culprit of one step's differences. The differing ops are walked in
+    topological order. A stateless op is to blame when its partitioned output differs from
+    the whole op run on the partitioned side's own inputs (its replay): rounding carried in
+    from upstream and magnified by an ill-conditioned op (a ReLU6 mask at its edge, a sum
+    that cancels) is then not blamed on it. A stateful op, which cannot be replayed, is to
+    blame when its inputs agree; so is a variable update whose inputs agree while the
+    variable differs after the step."""
+
+    def __init__(self, imported: ImportedGraph, plan: Plan, report: StepReport,
+                 got: Mapping[str, np.ndarray], rtol: float, atol: float):
+        self.imported, self.graph, self.plan, self.report = imported, imported.graph, plan, report
+        self.got, self.rtol, self.atol = got, rtol, atol
+        self.by_tensor = {d.tensor: d for d in report.tensors}
+
+    def culprit(self) -> Culprit | None:
+        graph, seen, differing = self.graph, set(), []
+        for diff in self.report.tensors:
+            if diff.differs and diff.op not in seen:
+                seen.add(diff.op)
+                differing.append(graph.op(diff.op))
+        replayable = [op for op in differing if self._replayable(op)]
+        replays = _replay(self.imported, replayable, self.got)
+        exact = _replay(self.imported, replayable, self.got, as_float64=True)
+        for op in differing:
+            if op.name in replays:
+                for o, t in enumerate(op.outputs):
+                    if t not in self.by_tensor:
+                        continue
+                    whole = replays[op.name][o]
+                    replayed = _diff(graph, t, self.got[t], whole, self.rtol, self.atol)
+                    if replayed.differs and not self._own_rounding(
+                            self.got[t], whole, exact.get(op.name, [None] * (o + 1))[o]):
+                        return self._blame(op, self.by_tensor[t], replayed)
+            elif self._inputs_agree(op):
+                diff = next(self.by_tensor[t] for t in op.outputs
+                            if self.by_tensor.get(t, _AGREES).differs)
+                writer = self._earlier_write(op)
+                if writer is None:
+                    return self._blame(op, diff, None)
+                if self._inputs_agree(writer):
+                    return self._blame(writer, diff, None)
+        for diff in self.report.variables:
+            if not diff.differs:
+                continue
+            for name in graph.variables[diff.op].update_ops:
+                update = graph.op(name)
+                if self._inputs_agree(update):
+                    return self._blame(update, diff, None)
+        return None
+
+    @staticmethod
+    def _own_rounding(partitioned, whole, exact) -> bool:
+        """Whether the partitioned result is within the whole op's own rounding: against
+        the float64 result, its error is at most ROUNDING_FACTOR times the whole op's (a
+        sum reordered over parts rounds differently, about as much)."""
+        if exact is None or not np.issubdtype(np.asarray(whole).dtype, np.floating):
+            return False
+        exact = np.asarray(exact, np.float64)
+        own = float(np.max(np.abs(np.asarray(whole, np.float64) - exact), initial=0.0))
+        error = float(np.max(np.abs(np.asarray(partitioned, np.float64) - exact), initial=0.0))
+        return error <= ROUNDING_FACTOR * own
+
+    def _replayable(self, op) -> bool:
+        return (op.type not in _STATEFUL and not _is_stateful(op.type) and
+                all(t in self.got or t in self.graph.constants for t in op.inputs))
+
+    def _earlier_write(self, op):
+        """For a read of a variable written earlier in the step, the first such write."""
+        variable = (self.graph.variable_of_handle(op.inputs[0])
+                    if op.type == "ReadVariableOp" else None)
+        if variable is None:
+            return None
+        order = self._order()
+        writes = [w for w in variable.update_ops if order[w] < order[op.name]]
+        return self.graph.op(min(writes, key=order.get)) if writes else None
+
+    def _order(self) -> dict[str, int]:
+        if not hasattr(self, "_positions"):
+            self._positions = {op.name: i for i, op in enumerate(self.graph)}
+        return self._positions
+
+    def _inputs_agree(self, op) -> bool:
+        return not any(self.by_tensor[t].differs for t in op.inputs if t in self.by_tensor)
+
+    def _blame(self, op, diff: TensorDiff, replayed: TensorDiff | None) -> Culprit:
+        plan, levels = self.plan, range(len(self.plan.levels))
+        compared = [t for t in op.inputs if t in self.by_tensor]
+        return Culprit(diff, self.report.step,
+                       tuple(self.by_tensor[t] for t in compared),
+                       tuple(level.choices.get(op.name, "-") for level in plan.levels),
+                       tuple(tuple(_state(plan, level, t) for level in levels)
+                             for t in compared),
+                       _pieces(self.imported, plan, op.name), replayed)
+
+
+ROUNDING_FACTOR = 16
+_AGREES = TensorDiff("", "", "", 0.0, 0.0, False)
+_STATEFUL = frozenset({"Placeholder", "VarHandleOp", "ReadVariableOp", "Const", "NoOp"})
+
+
+def _is_stateful(op_type: str) -> bool:
+    from tensorflow.python.framework import op_def_registry
+    op_def = op_def_registry.get(op_type)
+    return op_def is None or op_def.is_stateful
+
+
+def _replay(imported: ImportedGraph, ops, got: Mapping[str, np.ndarray],
+            as_float64: bool = False) -> dict[str, list[np.ndarray]]:
+    """Each op run whole on one device from `got`'s values of its inputs: op name -> its
+    outputs. `as_float64`: in float64 (floating types, attrs and inputs, widened), for the
+    exact value the op's own rounding is measured against. Ops whose replay fails (no
+    float64 kernel, a kernel that needs what the copy lacks) are left out."""
+    if not ops:
+        return {}
+    nodes = {node.name: node for node in imported.graph_def.node}
+    try:
+        return _run_replays(imported, nodes, ops, got, as_float64)
+    except (tf.errors.OpError, ValueError, TypeError):
+        out = {}
+        for op in ops:
+            try:
+                out.update(_run_replays(imported, nodes, [op], got, as_float64))
+            except (tf.errors.OpError, ValueError, TypeError):
+                pass
+        return out
+
+
+_NARROW_FLOATS = frozenset({types_pb2.DT_FLOAT, types_pb2.DT_HALF, types_pb2.DT_BFLOAT16})
+
+
+def _widen(node) -> None:
+    """The node's floating type attrs as float64."""
+    for attr in node.attr.values():
+        if attr.type in _NARROW_FLOATS:
+            attr.type = types_pb2.DT_DOUBLE
+        for i, t in enumerate(attr.list.type):
+            if t in _NARROW_FLOATS:
+                attr.list.type[i] = types_pb2.DT_DOUBLE
+
+
+def _run_replays(imported, nodes, ops, got, as_float64) -> dict[str, list[np.ndarray]]:
     graph = imported.graph
-    by_tensor = {d.tensor: d for d in report.tensors}
-    for diff in report.tensors:
-        if not diff.differs:
-            continue
-        op = graph.op(diff.op)
-        inputs = [by_tensor[t] for t in op.inputs if t in by_tensor]
-        if any(d.differs for d in inputs):
-            continue
-        plan = optimized.plan
-        choices = tuple(level.choices.get(op.name, "-") for level in plan.levels)
-        states = tuple(tuple(_state(plan, level, t) for level in range(len(plan.levels)))
-                       for t in op.inputs if t in by_tensor)
-        return Culprit(diff, report.step, tuple(inputs), choices, states,
-                       _pieces(imported, optimized.plan, op.name))
-    return None
+    graph_def = graph_pb2.GraphDef()
+    graph_def.versions.CopyFrom(imported.graph_def.versions)
+    graph_def.library.CopyFrom(imported.graph_def.library)
+    feeds, fetches = {}, {}
+    for k, op in enumerate(ops):
+        node = graph_def.node.add()
+        node.CopyFrom(nodes[op.name])
+        node.name, node.device = f"tofu_replay/{k}", ""
+        del node.input[:]
+        if as_float64:
+            _widen(node)
+        for i, t in enumerate(op.inputs):
+            source = graph_def.node.add()
+            source.name = f"tofu_replay/{k}/input_{i}"
+            dtype = tf.as_dtype(graph.tensors[t].dtype)
+            if as_float64 and dtype.as_datatype_enum in _NARROW_FLOATS:
+                dtype = tf.float64
+            source.attr["dtype"].type = dtype.as_datatype_enum
+            value = graph.constants[t] if t in graph.constants else got[t]
+            value = np.asarray(value).astype(dtype.as_numpy_dtype, copy=False)
+            if t in graph.constants:
+                source.op = "Const"
+                source.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value, dtype=dtype))
+            else:
+                source.op = "Placeholder"
+                feeds[source.name + ":0"] = value
+            node.input.append(source.name)
+        fetches[op.name] = [f"{node.name}:{o}" for o in range(len(op.outputs))]
+    replay_graph = tf.Graph()
+    with replay_graph.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+    with tf.compat.v1.Session(graph=replay_graph, config=session_config(1)) as session:
+        return session.run(fetches, feeds)
 
 
 def _state(plan: Plan, level: int, tensor: str) -> str:
@@ -213,8 +378,9 @@ def _pieces(imported: ImportedGraph, plan: Plan, op_name: str) -> tuple[str, ...
     parts = partition_of(imported.graph, imported.graph_def, catalog(imported.graph), plan)
     lines = []
     for piece in parts.ops.get(op_name, ()):
-        reads = "; ".join(f"{_box(i.data)}" + (f" pad {list(i.pads)}" if any(
-            p for pair in i.pads for p in pair) else "") for i in piece.inputs)
+        reads = "; ".join("const" if i is None else _box(i.data) + (
+            f" pad {list(i.pads)}" if any(p for pair in i.pads for p in pair) else "")
+            for i in piece.inputs)
         holds = "; ".join(f"{_box(o.box)}" + (" partial" if o.partial_levels else "")
                           for o in piece.outputs)
         lines.append(f"device {piece.device} ({piece.op_type}): reads {reads or '-'} -> "
