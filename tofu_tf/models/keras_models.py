@@ -1,6 +1,9 @@
 """Training steps of models written by others: Keras applications and keras_hub backbones.
 
-Built from config only (no weights are downloaded), at tiny sizes for tests and coverage:
+Built from config only (no weights are downloaded), at tiny sizes for tests, coverage and
+the zoo benchmark (`bench/keras_zoo.py`): the applications of `APPLICATIONS` at their
+smallest input size or more, the keras_hub backbones of `BACKBONES` with 2 layers of
+width `hidden` (their constructors' size arguments filled by name):
 
     step = build_keras_step("resnet50", batch_size=2, image_size=64)
     loss = step.step(*step.inputs)
@@ -20,9 +23,29 @@ import tensorflow as tf
 
 from tofu_tf.errors import TofuError
 
-IMAGE_MODELS = ("resnet50", "vgg16", "mobilenetv2")
-TEXT_MODELS = ("gpt2", "bert")
+# Keras applications: our name -> (keras.applications class, smallest input size).
+APPLICATIONS = {
+    "resnet50": ("ResNet50", 32), "resnet50v2": ("ResNet50V2", 32),
+    "vgg16": ("VGG16", 32), "mobilenet": ("MobileNet", 32),
+    "mobilenetv2": ("MobileNetV2", 32), "mobilenetv3small": ("MobileNetV3Small", 32),
+    "densenet121": ("DenseNet121", 32), "efficientnetb0": ("EfficientNetB0", 32),
+    "efficientnetv2b0": ("EfficientNetV2B0", 32), "xception": ("Xception", 71),
+    "inceptionv3": ("InceptionV3", 75), "nasnetmobile": ("NASNetMobile", 32),
+    "convnexttiny": ("ConvNeXtTiny", 32), "mobilenetv3large": ("MobileNetV3Large", 32),
+}
+# keras_hub backbones, built from config at a tiny size (no preset, no download).
+BACKBONES = {
+    "gpt2": "GPT2Backbone", "bert": "BertBackbone", "distilbert": "DistilBertBackbone",
+    "roberta": "RobertaBackbone", "albert": "AlbertBackbone", "electra": "ElectraBackbone",
+    "opt": "OPTBackbone", "gpt_neox": "GPTNeoXBackbone", "bloom": "BloomBackbone",
+    "llama": "LlamaBackbone", "mistral": "MistralBackbone", "gemma": "GemmaBackbone",
+    "qwen": "QwenBackbone", "phi3": "Phi3Backbone", "falcon": "FalconBackbone",
+    "deberta_v3": "DebertaV3Backbone",
+}
+IMAGE_MODELS = tuple(APPLICATIONS)
+TEXT_MODELS = tuple(BACKBONES)
 KERAS_MODELS = IMAGE_MODELS + TEXT_MODELS
+OPTIMIZERS = ("adam", "sgd_momentum")
 
 
 @dataclass(frozen=True, eq=False)
@@ -37,22 +60,48 @@ class KerasStep:
         specs = [tf.TensorSpec(v.shape, tf.as_dtype(v.dtype)) for v in self.inputs]
         return self.step.get_concrete_function(*specs)
 
+    def batch(self, seed: int) -> tuple[np.ndarray, ...]:
+        """Another synthetic batch of the same shapes and value ranges."""
+        rng = np.random.default_rng(seed)
+        x, y = self.inputs
+        if np.issubdtype(x.dtype, np.integer):
+            return (rng.integers(0, int(x.max()) + 1, x.shape).astype(x.dtype),
+                    rng.integers(0, int(y.max()) + 1, y.shape).astype(y.dtype))
+        classes = y.shape[-1]
+        return (rng.standard_normal(x.shape).astype(x.dtype),
+                np.eye(classes, dtype=y.dtype)[rng.integers(0, classes, y.shape[0])])
+
+
+def smallest_image_size(name: str) -> int:
+    return APPLICATIONS[name][1]
+
 
 def _image_model(name: str, image_size: int, classes: int):
     import keras
-    builders = {"resnet50": keras.applications.ResNet50, "vgg16": keras.applications.VGG16,
-                "mobilenetv2": keras.applications.MobileNetV2}
-    return builders[name](weights=None, input_shape=(image_size, image_size, 3),
-                          classes=classes)
+    builder = getattr(keras.applications, APPLICATIONS[name][0])
+    return builder(weights=None, input_shape=(image_size, image_size, 3), classes=classes)
+
+
+def _backbone_config(cls, seq_len: int, hidden: int, vocab: int) -> dict:
+    """The constructor's arguments at a tiny size, filled by name: every backbone takes
+    the sizes under its own names."""
+    import inspect
+    sizes = {"vocabulary_size": vocab, "vocab_size": vocab, "num_layers": 2,
+             "num_heads": 2, "num_query_heads": 2, "num_attention_heads": 2,
+             "num_key_value_heads": 1, "hidden_dim": hidden, "intermediate_dim": 2 * hidden,
+             "embedding_dim": hidden, "head_dim": hidden // 2, "key_value_dim": hidden // 2,
+             "max_sequence_length": seq_len, "num_groups": 1, "num_inner_repetitions": 1,
+             "dropout": 0.0}
+    parameters = inspect.signature(cls.__init__).parameters
+    return {k: v for k, v in sizes.items() if k in parameters}
 
 
 def _text_model(name: str, seq_len: int, hidden: int, vocab: int):
     import keras
     import keras_hub
-    common = dict(vocabulary_size=vocab, num_layers=2, num_heads=2, hidden_dim=hidden,
-                  intermediate_dim=2 * hidden, max_sequence_length=seq_len)
-    backbone = (keras_hub.models.GPT2Backbone(**common) if name == "gpt2"
-                else keras_hub.models.BertBackbone(**common))
+    cls = getattr(keras_hub.models, BACKBONES[name])
+    backbone = cls(**_backbone_config(cls, seq_len, hidden, vocab))
+    input_names = set(backbone.input) if isinstance(backbone.input, dict) else {"token_ids"}
 
     class LanguageModel(keras.Model):
         """Backbone + a dense head over the vocabulary."""
@@ -63,10 +112,9 @@ def _text_model(name: str, seq_len: int, hidden: int, vocab: int):
             self.head = keras.layers.Dense(vocab)
 
         def call(self, ids):
-            inputs = {"token_ids": ids, "padding_mask": tf.ones_like(ids)}
-            if name == "bert":
-                inputs["segment_ids"] = tf.zeros_like(ids)
-            out = self.backbone(inputs)
+            inputs = {"token_ids": ids, "padding_mask": tf.ones_like(ids),
+                      "segment_ids": tf.zeros_like(ids)}
+            out = self.backbone({k: v for k, v in inputs.items() if k in input_names})
             return self.head(out["sequence_output"] if isinstance(out, dict) else out)
 
     model = LanguageModel()
@@ -76,17 +124,21 @@ def _text_model(name: str, seq_len: int, hidden: int, vocab: int):
 
 def build_keras_step(name: str, *, batch_size: int = 2, image_size: int = 32,
                      classes: int = 10, seq_len: int = 8, hidden: int = 16, vocab: int = 64,
-                     seed: int = 0, dtype: str = "float32") -> KerasStep:
-    """A tf.function training step (Adam) of a Keras application or keras_hub backbone.
-    `dtype="float64"` builds the model under that Keras float type (equivalence tests)."""
+                     seed: int = 0, dtype: str = "float32", optimizer: str = "adam"
+                     ) -> KerasStep:
+    """A tf.function training step of a Keras application or keras_hub backbone.
+    `dtype="float64"` builds the model under that Keras float type (equivalence tests);
+    `optimizer`: "adam" (Adam(1e-3)) or "sgd_momentum" (SGD(0.05, momentum=0.9))."""
     import keras
     if name not in KERAS_MODELS:
         raise TofuError(f"unknown Keras model '{name}'; choose one of {', '.join(KERAS_MODELS)}.")
+    if optimizer not in OPTIMIZERS:
+        raise TofuError(f"unknown optimizer '{optimizer}'; choose one of {', '.join(OPTIMIZERS)}.")
     keras.utils.set_random_seed(seed)
     rng = np.random.default_rng(seed)
     with keras_float(dtype):
         return _build_keras_step(name, batch_size, image_size, classes, seq_len, hidden,
-                                 vocab, rng, dtype)
+                                 vocab, rng, dtype, optimizer)
 
 
 @contextlib.contextmanager
@@ -106,9 +158,10 @@ def keras_float(dtype: str) -> Iterator[None]:
 
 
 def _build_keras_step(name, batch_size, image_size, classes, seq_len, hidden, vocab, rng,
-                      dtype) -> KerasStep:
+                      dtype, optimizer) -> KerasStep:
     import keras
     if name in IMAGE_MODELS:
+        image_size = max(image_size, smallest_image_size(name))
         model = _image_model(name, image_size, classes)
         loss_fn = keras.losses.CategoricalCrossentropy()
         x = rng.standard_normal((batch_size, image_size, image_size, 3)).astype(dtype)
@@ -118,7 +171,8 @@ def _build_keras_step(name, batch_size, image_size, classes, seq_len, hidden, vo
         loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         x = rng.integers(0, vocab, (batch_size, seq_len)).astype(np.int32)
         y = rng.integers(0, vocab, (batch_size, seq_len)).astype(np.int32)
-    optimizer = keras.optimizers.Adam(1e-3)
+    optimizer = (keras.optimizers.Adam(1e-3) if optimizer == "adam"
+                 else keras.optimizers.SGD(0.05, momentum=0.9))
     return KerasStep(name, training_step(model, optimizer, loss_fn), (x, y), model, optimizer)
 
 

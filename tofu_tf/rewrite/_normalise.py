@@ -322,10 +322,25 @@ def reject_unsupported(graph_def: graph_pb2.GraphDef, *, inlined: bool = True) -
                 "TensorList ops (from loops over tensors) have no static element shapes.",
                 node=node.name, op_type=node.op, fix=_UNROLL_FIX)
         if inlined and node.op in CALL_OPS:
+            if _compiled(graph_def, node):
+                raise GraphImportError(
+                    "this call runs a function compiled with XLA (jit_compile=True; Keras "
+                    "compiles grouped convolutions, Conv2D(groups>1), this way: TensorFlow's "
+                    "CPU kernels have no gradients for them): its ops are not TensorFlow ops "
+                    "tofu_tf can partition one by one.", node=node.name, op_type=node.op,
+                    fix="build the layer without jit compilation (e.g. DepthwiseConv2D "
+                        "instead of Conv2D(groups=channels)), or keep it out of the step.")
             raise GraphImportError(
                 "this function call could not be inlined.", node=node.name, op_type=node.op,
                 fix="remove the @tf.function(experimental_attributes={'_noinline': True}) "
                     "marker, or call the inner function's Python body directly.")
+
+
+def _compiled(graph_def: graph_pb2.GraphDef, node) -> bool:
+    """Whether a call node's function must be compiled with XLA."""
+    name = node.attr["f"].func.name if "f" in node.attr else node.op
+    return any(f.signature.name == name and "_XlaMustCompile" in f.attr and
+               f.attr["_XlaMustCompile"].b for f in graph_def.library.function)
 
 
 def _first_line(error: BaseException) -> str:
