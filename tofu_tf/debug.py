@@ -1,21 +1,27 @@
-"""Where a partitioned step first differs from the unpartitioned one.
+"""Where a partitioned step first differs from the unpartitioned one, and why.
 
-    report = compare_step(imported, topology, feeds, values)
-    print(report)              # the first op whose output differs, its plan choices, devices
+    case = model_case("mobilenetv2", dtype="float32")          # or case_of(concrete, batches)
+    report = compare_step(case.imported, 8, case.batches, case.values)
+    print(report)     # the op to blame, its plan choice per level, each device's piece
+
+    python -m tofu_tf.debug --model=mobilenetv2 --num_devices=8 [--dtype=float32]
 
 Both steps start from the same variable values and batch. The partitioned graph is
 emitted with every compared tensor exposed (assembled whole on device 0), the
 unpartitioned normalised GraphDef runs in a one-device Session, and the tensors are
 compared in the planner graph's topological order. A tensor differs when its largest
-absolute error exceeds `rtol` times its scale (the largest magnitude of the unpartitioned
-value; `atol` when that is 0). The culprit is the first op, in that order, with a
-differing output whose inputs all agree: its strategy at every level and the devices'
-pieces name what to look at. Variables are compared after the step as well (an in-place
-update has no output of its own). With `steps` > 1 each step starts both sides from the
-unpartitioned side's values, so every step is judged on its own.
+absolute error exceeds `rtol` times its scale (its largest magnitude unpartitioned;
+`atol` when that is 0). Variables are compared after the step too. With several batches,
+each step starts both sides from the unpartitioned side's values, so each is judged alone.
 
-`python -m tofu_tf.debug --model=mobilenetv2 --num_devices=8` runs it on a reference
-model or a Keras model (`tofu_tf.models.keras_models`).
+Which op is to blame (`_Judge`): a differing op is replayed whole on one device from the
+partitioned side's own inputs, and in float64. It is to blame when its partitioned output
+differs from that replay by more than ROUNDING_FACTOR times the whole op's own rounding:
+so a float32 sum reordered over parts, or rounding carried in from upstream and
+magnified by an ill-conditioned op (a ReLU6 mask at its edge, a batch-norm sum that
+cancels), is not blamed, and a wrong description is. A stateful op (no replay) is to
+blame when its inputs agree; a read of a variable written earlier in the step blames the
+write. No op to blame means the differences are rounding only: in float64 they vanish.
 """
 
 from __future__ import annotations
@@ -426,3 +432,82 @@ class _Unpartitioned:
 
     def __exit__(self, *exc) -> None:
         self.session.close()
+
+
+# -- models and the binary ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Case:
+    """A traced training step ready to compare: its import, batches and initial values."""
+    imported: ImportedGraph
+    batches: tuple[Mapping[str, np.ndarray], ...]
+    values: Mapping[str, np.ndarray]
+
+
+def case_of(concrete, batches: Sequence[Sequence[np.ndarray]]) -> Case:
+    """A concrete function of a step over tf.Variables (`step.get_concrete_function(x, y)`)
+    and its batches (one tuple of arguments per step); the variables' current values."""
+    from tofu_tf.rewrite.graphdef_io import import_concrete_function
+    imported = import_concrete_function(concrete)
+    internal = {t.ref() for _, t in concrete.graph.captures}
+    feeds = [t.name for t in concrete.inputs if t.ref() not in internal]
+    values = {name: variable.numpy() for name, variable in imported.captures.items()}
+    return Case(imported, tuple(dict(zip(feeds, batch)) for batch in batches), values)
+
+
+def model_case(model: str, *, steps: int = 3, batch_size: int = 8, dtype: str = "float64",
+               optimizer: str | None = None, image_size: int = 32, seed: int = 0) -> Case:
+    """A reference model (`tofu_tf.models`) or a Keras one (`models.keras_models`)."""
+    from tofu_tf.errors import TofuError
+    from tofu_tf.models import MODELS, build
+    from tofu_tf.models.keras_models import KERAS_MODELS, build_keras_step
+    if model in MODELS:
+        step = build(model, optimizer=optimizer or "momentum", batch_size=batch_size,
+                     dtype=dtype, seed=seed)
+        return case_of(step.concrete_function,
+                       [step.sample_batch(seed + s) for s in range(steps)])
+    if model in KERAS_MODELS:
+        step = build_keras_step(model, batch_size=batch_size, image_size=image_size,
+                                dtype=dtype, optimizer=optimizer or "sgd_momentum", seed=seed)
+        return case_of(step.concrete_function(),
+                       [step.batch(seed + s) for s in range(steps)])
+    raise TofuError(f"unknown model '{model}'; choose one of "
+                    f"{', '.join(tuple(MODELS) + KERAS_MODELS)}.")
+
+
+def main(argv) -> int:
+    from absl import flags
+    FLAGS = flags.FLAGS
+    topology = FLAGS.topology or FLAGS.num_devices
+    case = model_case(FLAGS.model, steps=FLAGS.steps, batch_size=FLAGS.batch_size,
+                      dtype=FLAGS.dtype, optimizer=FLAGS.optimizer,
+                      image_size=FLAGS.image_size)
+    report = compare_step(case.imported, topology, case.batches, case.values,
+                          rtol=FLAGS.rtol, atol=FLAGS.atol)
+    print(report)
+    return 0 if report.culprit is None else 1
+
+
+def _define_flags() -> None:
+    from absl import flags
+    flags.DEFINE_string("model", "mobilenetv2", "a reference model (mlp, wresnet, lstm, "
+                        "transformer) or a Keras one (models/keras_models.py)")
+    flags.DEFINE_integer("num_devices", 8, "number of devices (ignored with --topology)")
+    flags.DEFINE_string("topology", None, "levels outermost first, e.g. '2x4'")
+    flags.DEFINE_integer("steps", 3, "steps to compare, each from the same values")
+    flags.DEFINE_integer("batch_size", 8, "batch size")
+    flags.DEFINE_integer("image_size", 32, "input size of image models")
+    flags.DEFINE_enum("dtype", "float64", ["float32", "float64"],
+                      "float dtype of the step (float64: no float32 rounding noise)")
+    flags.DEFINE_string("optimizer", None, "optimizer (default: momentum SGD)")
+    flags.DEFINE_float("rtol", 1e-4, "a tensor differs beyond rtol times its scale")
+    flags.DEFINE_float("atol", 1e-6, "... or atol, where its scale is 0")
+
+
+if __name__ == "__main__":
+    import os
+    import sys
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from absl import app
+    _define_flags()
+    app.run(lambda argv: sys.exit(main(argv)))
