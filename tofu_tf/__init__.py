@@ -3,16 +3,19 @@
 import os
 import sys
 
-# TensorFlow 2.21's oneDNN CPU kernels give some local shapes of a split op different
-# numbers than the whole op (a broadcasting Mul on (8, 2, 2, 1024) channels of ResNet50
-# differs by 2% of scale) and corrupt the heap on others (1x1 stride-2 filter gradients).
-# Unless the user chose otherwise, use TensorFlow's own kernels; this only takes effect
-# when tofu_tf is imported before TensorFlow.
+# TensorFlow 2.21's oneDNN CPU kernels give some local shapes of a split op wrong numbers:
+# Conv2DBackpropFilter with a 1x1 filter, stride 2 and fewer than 8 input channels (a
+# shortcut convolution's filter gradient with its input channels split) returns an input
+# channel's gradient tens of percent off, the same wrong value every run (tests/robustness/
+# test_onednn.py reproduces it; no TensorFlow issue names it). Unless the user chose
+# otherwise, use TensorFlow's own kernels; this only takes effect when tofu_tf is
+# imported before TensorFlow. Imported after, `optimize` and `function` raise a
+# KernelConfigError naming the fix (api.check_kernels).
 if "tensorflow" not in sys.modules:
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 from tofu_tf.errors import (DescriptionError, DynamicShapeError, GraphImportError,
-                            PartitionError, PlanInfeasibleError, PlanMismatchError, RegistryError,
+                            KernelConfigError, PartitionError, PlanInfeasibleError, PlanMismatchError, RegistryError,
                             RewriteError,
                             TofuError, UnsupportedOpError, WorkerError)
 from tofu_tf.graph import Graph, Op, Role, Tensor, Variable
@@ -21,7 +24,8 @@ from tofu_tf.search.plan import Plan
 from tofu_tf.search.topology import Topology
 
 __all__ = [
-    "DescriptionError", "DynamicShapeError", "Graph", "GraphImportError", "Objective", "Op",
+    "DescriptionError", "DynamicShapeError", "Graph", "GraphImportError", "KernelConfigError",
+    "Objective", "Op",
     "Options",
     "PartitionError", "Plan", "PlanInfeasibleError", "PlanMismatchError", "RegistryError", "RewriteError", "Role",
     "Tensor", "TofuError", "Topology", "UnsupportedOpError", "Variable", "VariableStorage",
