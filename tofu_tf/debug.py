@@ -136,6 +136,16 @@ def compared_tensors(graph: Graph) -> list[str]:
             if graph.tensors[t].dtype not in _NOT_COMPARED and not graph.tensors[t].is_resource]
 
 
+def unpartitioned_values(imported: ImportedGraph, feeds: Mapping[str, np.ndarray],
+                         values: Mapping[str, np.ndarray], tensors: Sequence[str]
+                         ) -> dict[str, np.ndarray]:
+    """`tensors`' values in one unpartitioned step from `values` and `feeds`."""
+    with _Unpartitioned(imported) as single:
+        single.load(values)
+        got = single.run(feeds, list(tensors) + list(imported.graph.fetches))
+    return dict(zip(tensors, got))
+
+
 def compare_step(imported: ImportedGraph, topology: Topology | str | int,
                  feeds: Mapping[str, np.ndarray] | Sequence[Mapping[str, np.ndarray]],
                  values: Mapping[str, np.ndarray], *, options: Options = Options(),

@@ -1,12 +1,18 @@
 """Strategy validator: run every derived strategy on real shards with the real kernel.
 
     python -m tofu_tf.op_semantics.validate [--op=Conv2D,MatMul] [--k=2,3,4] [--verbose]
+    python -m tofu_tf.op_semantics.validate --model=mobilenetv2,gpt2   # ops of real graphs
 
 For every sample instance of every registered op (samples/<family>.py), and every strategy
 the analysis derives, for k in {2, 3, 4}: each part's inputs are cut from the real inputs
 by `localize` (slices, halo padding, local attrs and constants), the op's own TensorFlow
 kernel runs on them, and the parts are combined as the strategy says (split outputs are
 compared with their share of the unsplit result, partial outputs are reduced first).
+
+With --model, the instances are the distinct described ops of those models' training
+graphs (Keras applications, keras_hub backbones, reference models), each on the values
+its inputs had in one unpartitioned step: the shapes, strides, paddings, dilations and
+data formats real layers use, not only the samples'.
 
 Findings: `wrong` (a part disagrees with the unsplit op), `error` (the local kernel fails),
 `missing` (an output dim of size >= 2 no strategy splits, without a stated reason; or an
@@ -58,15 +64,34 @@ class Report:
 
 
 class _Instance:
-    """A sample built in a tf.Graph: the target op, its semantics and its real values."""
+    """One op to validate: its NodeDef, real input values, semantics (described from the
+    kernel's own output shapes). Built from a sample (`from_sample`) or from an op of a
+    real training graph with the values its inputs had in a step (`validate_graph`)."""
 
-    def __init__(self, sample, seed: int = 0):
-        import tensorflow as tf
+    def __init__(self, node_def, values, resource, input_dtypes, consts, output_dtypes):
         from tofu_tf.op_semantics.registry import describe
         from tofu_tf.rewrite.tf_attrs import python_attrs
+        self.node_def = node_def
+        self.op_type = node_def.op
+        self.num_outputs = len(output_dtypes)
+        self.resource = list(resource)
+        self.values = list(values)
+        self.input_dtypes = list(input_dtypes)
+        shapes = [np.shape(v) for v in self.values]
+        dtypes = [np.asarray(v).dtype.name for v in self.values]
+        # The kernel's own output shapes: a static shape may be unknown (FusedBatchNormV3's
+        # reserve_space_3) or differ from what the kernel returns (its gradient's (0,) vs ()).
+        self.sem = None
+        out_shapes = [r.shape for r in self.run(self.values)]
+        self.sem = describe(node_def.name, self.op_type, python_attrs(node_def), shapes,
+                            dtypes, out_shapes, list(output_dtypes), consts)
+
+    @classmethod
+    def from_sample(cls, sample, seed: int = 0) -> "_Instance":
+        import tensorflow as tf
         rng = np.random.default_rng(seed)
         graph = tf.Graph()
-        feeds, variables, consts = {}, {}, {}
+        feeds, variables = {}, {}
         with graph.as_default():
             built = []
             for a in sample.args:
@@ -86,24 +111,13 @@ class _Instance:
         if not targets:
             raise TofuError(f"sample {sample.id} builds no {sample.op_type} op.")
         op = targets[-1]
-        self.node_def = op.node_def
-        self.op_type = op.type
-        self.num_outputs = len(op.outputs)
-        self.resource = [t.dtype == tf.resource for t in op.inputs]
-        self.values = self._input_values(op, graph, feeds, variables)
-        for i, t in enumerate(op.inputs):
-            if t.op.type == "Const":
-                consts[i] = self.values[i]
-        shapes = [v.shape for v in self.values]
-        dtypes = [v.dtype.name for v in self.values]
-        self.input_dtypes = [t.dtype.base_dtype if not r else None
-                             for t, r in zip(op.inputs, self.resource)]
-        # The kernel's own output shapes: a static shape may be unknown (FusedBatchNormV3's
-        # reserve_space_3) or differ from what the kernel returns (its gradient's (0,) vs ()).
-        self.sem = None
-        out_shapes = [r.shape for r in self.run(self.values)]
-        self.sem = describe(op.name, op.type, python_attrs(op.node_def), shapes, dtypes,
-                            out_shapes, [t.dtype.name for t in op.outputs], consts)
+        resource = [t.dtype == tf.resource for t in op.inputs]
+        values = cls._input_values(op, graph, feeds, variables)
+        consts = {i: values[i] for i, t in enumerate(op.inputs) if t.op.type == "Const"}
+        input_dtypes = [t.dtype.base_dtype if not r else None
+                        for t, r in zip(op.inputs, resource)]
+        return cls(op.node_def, values, resource, input_dtypes, consts,
+                   [t.dtype.name for t in op.outputs])
 
     @staticmethod
     def _input_values(op, graph, feeds, variables) -> list[np.ndarray]:
@@ -274,6 +288,13 @@ def _run_parts(inst: _Instance, strategy, k: int, expected, locals_) -> bool:
     return True
 
 
+def _varies_along(value, dim: int) -> bool:
+    """Whether slices of `value` along `dim` differ: on a value constant along it (a
+    zero-initialised slot), any slice gives the right answer and proves nothing."""
+    value = np.asarray(value)
+    return bool(np.any(value != np.take(value, [0], axis=dim)))
+
+
 def loose_regions(inst: _Instance, strategy, expected, sample_id: str) -> list[Finding]:
     """Oracle for missed splits: an input dim the analysis takes whole, although cutting
     it like the output (same extent, aligned parts) still gives the right answer."""
@@ -287,7 +308,8 @@ def loose_regions(inst: _Instance, strategy, expected, sample_id: str) -> list[F
         shape = inst.sem.input_shapes[i]
         for dim, size in enumerate(shape):
             if region.kind != "data" or size != strategy.extent or \
-                    region.dim_label(dim, size) != "*":
+                    region.dim_label(dim, size) != "*" or \
+                    not _varies_along(inst.values[i], dim):
                 continue
             narrowed = []
             for p, local in enumerate(base):
@@ -323,11 +345,10 @@ def missing_dims(sem, strategies, sample_id: str) -> list[Finding]:
 
 
 def validate_sample(sample, ks=(2, 3, 4), report: Report | None = None) -> Report:
-    from tofu_tf.op_semantics.analysis import analyze
     report = report or Report()
     report.samples += 1
     try:
-        inst = _Instance(sample)
+        inst = _Instance.from_sample(sample)
     except Exception as err:
         import tensorflow as tf
         # The whole op does not run: TensorFlow's kernels for this build lack the
@@ -338,6 +359,15 @@ def validate_sample(sample, ks=(2, 3, 4), report: Report | None = None) -> Repor
                                        message=f"sample does not build or run: "
                                                f"{type(err).__name__}: {err}"[:400]))
         return report
+    return validate_instance(inst, sample.id, ks, report)
+
+
+def validate_instance(inst: _Instance, sample_id: str, ks=(2, 3, 4),
+                      report: Report | None = None) -> Report:
+    """Every strategy of one instance against its whole op, for each k in `ks`."""
+    from tofu_tf.op_semantics.analysis import analyze
+    report = report or Report()
+    op_type = inst.op_type
     expected = inst.run(inst.values)
     # Outputs the kernel leaves undetermined (two runs on the same inputs differ, or the
     # kernel is known not to write them: `_unwritten`) are not compared.
@@ -345,19 +375,19 @@ def validate_sample(sample, ks=(2, 3, 4), report: Report | None = None) -> Repor
     expected = [None if o in _unwritten(inst) or not _same(a, b) else a
                 for o, (a, b) in enumerate(zip(expected, again))]
     if inst.sem.is_opaque:
-        report.by_op.setdefault(sample.op_type, []).append(f"opaque: {inst.sem.opaque_reason}")
+        report.by_op.setdefault(op_type, []).append(f"opaque: {inst.sem.opaque_reason}")
         return report
     strategies = analyze(inst.sem)
-    report.findings.extend(missing_dims(inst.sem, strategies, sample.id))
+    report.findings.extend(missing_dims(inst.sem, strategies, sample_id))
     for strategy in strategies:
         report.strategies += 1
-        report.by_op.setdefault(sample.op_type, []).append(str(strategy))
+        report.by_op.setdefault(op_type, []).append(str(strategy))
         for k in ks:
             if strategy.valid_for(k):
                 report.checks += 1
-                report.findings.extend(check_strategy(inst, strategy, k, expected, sample.id))
+                report.findings.extend(check_strategy(inst, strategy, k, expected, sample_id))
         if ks:
-            report.findings.extend(loose_regions(inst, strategy, expected, sample.id))
+            report.findings.extend(loose_regions(inst, strategy, expected, sample_id))
     return report
 
 
@@ -380,12 +410,80 @@ def validate(op_types=None, ks=(2, 3, 4)) -> Report:
     return report
 
 
+def graph_instances(imported, feeds, values):
+    """(id, instance) of each distinct described op of a real training graph (by catalog
+    signature: type, attrs, shapes, dtypes, constants), with the values its inputs had in
+    one unpartitioned step from `values` (variable handle op name -> value) and `feeds`."""
+    from tofu_tf.debug import compared_tensors, unpartitioned_values
+    from tofu_tf.op_semantics.registry import description, signature
+    graph = imported.graph
+    got = unpartitioned_values(imported, feeds, values, compared_tensors(graph))
+    nodes = {node.name: node for node in imported.graph_def.node}
+    seen = set()
+    for op in graph:
+        desc = description(op.type)
+        if op.type in SOURCE_OPS or desc is None or desc.build is None:
+            continue
+        ins, outs = graph.input_tensors(op), graph.output_tensors(op)
+        constants = {i: graph.constants[t] for i, t in enumerate(op.inputs)
+                     if t in graph.constants}
+        key = signature(op.type, op.attrs, [t.shape for t in ins], [t.dtype for t in ins],
+                        [t.shape for t in outs], [t.dtype for t in outs], constants)
+        inputs = [_input_value(graph, t, got, values) for t in ins]
+        if key in seen or any(v is None for v in inputs):
+            continue
+        seen.add(key)
+        yield f"{op.type}[{op.name}]", _graph_instance(nodes[op.name], ins, outs, inputs,
+                                                      constants)
+
+
+def _input_value(graph, tensor, got, values):
+    if tensor.is_resource:
+        variable = graph.variable_of_handle(tensor.name)
+        return None if variable is None else values[variable.name]
+    return got.get(tensor.name)
+
+
+def _graph_instance(node_def, ins, outs, inputs, constants) -> _Instance:
+    import tensorflow as tf
+    node = type(node_def)()
+    node.CopyFrom(node_def)
+    node.device = ""
+    return _Instance(node, inputs, [t.is_resource for t in ins],
+                     [None if t.is_resource else tf.as_dtype(t.dtype) for t in ins],
+                     constants, [t.dtype for t in outs])
+
+
+def validate_graph(imported, feeds, values, ks=(2, 3, 4)) -> Report:
+    """Every strategy of every distinct described op of a real training graph, on the
+    values its inputs had in a step (see `graph_instances`): the shapes, strides, paddings,
+    dilations and data formats the model's layers really use."""
+    report = Report()
+    for sample_id, inst in graph_instances(imported, feeds, values):
+        report.samples += 1
+        validate_instance(inst, sample_id, ks, report)
+    return report
+
+
 def main(argv) -> int:
     from absl import flags
     FLAGS = flags.FLAGS
     ops = [o for o in FLAGS.op.split(",") if o] if FLAGS.op else None
     ks = tuple(int(k) for k in FLAGS.k.split(","))
-    report = validate(ops, ks)
+    if FLAGS.model:
+        from tofu_tf.debug import model_case
+        report = Report()
+        for name in FLAGS.model.split(","):
+            case = model_case(name, steps=1, dtype=FLAGS.dtype, batch_size=FLAGS.batch_size)
+            part = validate_graph(case.imported, case.batches[0], case.values, ks)
+            report.samples += part.samples
+            report.checks += part.checks
+            report.strategies += part.strategies
+            report.findings += part.findings
+            for op_type, lines in part.by_op.items():
+                report.by_op.setdefault(op_type, []).extend(lines)
+    else:
+        report = validate(ops, ks)
     if FLAGS.verbose:
         for op_type, lines in sorted(report.by_op.items()):
             print(op_type)
@@ -404,6 +502,11 @@ def _define_flags() -> None:
     flags.DEFINE_string("op", "", "comma-separated op types to validate (default: all)")
     flags.DEFINE_string("k", "2,3,4", "comma-separated split counts")
     flags.DEFINE_bool("verbose", False, "print every strategy")
+    flags.DEFINE_string("model", "", "validate the ops of these models' training graphs "
+                        "(reference or Keras, comma-separated) on their real inputs, "
+                        "instead of the samples")
+    flags.DEFINE_enum("dtype", "float64", ["float32", "float64"], "float dtype of --model")
+    flags.DEFINE_integer("batch_size", 8, "batch size of --model")
 
 
 if __name__ == "__main__":
