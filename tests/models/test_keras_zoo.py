@@ -1,0 +1,32 @@
+"""Keras models nobody here wrote train partitioned to the numbers they train to whole.
+
+The fastest few of bench/keras_zoo.py (which sweeps them all): 3 steps of SGD with momentum
+at 8 devices, through tofu_tf.function against tf.function, in float64 (so no float32
+rounding, which training magnifies, stands between the two), loss and every variable."""
+
+import pytest
+
+import tofu_tf
+from tofu_tf.errors import GraphImportError
+from tofu_tf.models.keras_models import build_keras_step
+from tofu_tf.zoo import LOSS_TOLERANCE, VARIABLE_TOLERANCE, train_side_by_side
+
+FAST = ("mobilenetv2", "llama", "albert", "deberta_v3")
+
+
+@pytest.mark.parametrize("model", FAST)
+def test_trains_to_the_same_numbers(model):
+    result = train_side_by_side(model, num_devices=8, dtype="float64", steps=3)
+    assert result.outcome == "equal", result.to_dict()
+    assert result.partitioned.loss_error <= LOSS_TOLERANCE
+    assert result.partitioned.variable_error <= VARIABLE_TOLERANCE
+    assert result.details["partitioned_nodes"] > result.details["planner_ops"]
+
+
+def test_a_grouped_convolution_is_a_typed_error_naming_the_call():
+    """ConvNeXt's depthwise layers are Conv2D(groups=C), which Keras runs compiled by XLA."""
+    step = build_keras_step("convnexttiny", batch_size=8)
+    partitioned = tofu_tf.function(step.step, num_devices=8)
+    with pytest.raises(GraphImportError, match="XLA") as raised:
+        partitioned(*step.inputs)
+    assert "depthwise_conv" in raised.value.node
