@@ -35,6 +35,8 @@ flags.DEFINE_integer("devices", 8, "logical CPU devices")
 flags.DEFINE_integer("steps", 3, "training steps")
 flags.DEFINE_bool("fresh", False, "drop the stored rows first")
 flags.DEFINE_bool("onednn", False, "run with TensorFlow's oneDNN kernels on")
+flags.DEFINE_bool("validate", False, "instead of training, validate every distinct op of "
+                                     "each model's graph on its real inputs (float64)")
 flags.DEFINE_string("child", None, "internal: run one row (model@size:dtype) and print it")
 flags.DEFINE_integer("timeout", 1800, "seconds one row may take")
 
@@ -47,6 +49,8 @@ EXTRA_ROWS = ("mobilenetv2@64",)
 def _rows() -> list[str]:
     from tofu_tf.models.keras_models import KERAS_MODELS
     names = [m for m in FLAGS.models.split(",") if m] or list(KERAS_MODELS) + list(EXTRA_ROWS)
+    if FLAGS.validate:
+        return [f"{name}:validate" for name in names]
     return [f"{name}:{dtype}" for name in names for dtype in FLAGS.dtypes.split(",")]
 
 
@@ -61,6 +65,8 @@ def run_child(row: str) -> dict:
     name_size, dtype = row.split(":")
     name, _, size = name_size.partition("@")
     size = int(size) if size else 32
+    if dtype == "validate":
+        return validate_child(name, size)
     result = train_side_by_side(name, num_devices=FLAGS.devices, dtype=dtype,
                                 steps=FLAGS.steps, image_size=size).to_dict()
     result["image_size"] = size
@@ -74,6 +80,28 @@ def run_child(row: str) -> dict:
                               f"blames {report.culprit.diff.op} ({report.culprit.diff.op_type})")
         result["one_step_report"] = str(report)[:3000]
     return result
+
+
+def validate_child(name: str, size: int) -> dict:
+    """The validator over the model's graph (`validate_graph`), float64."""
+    from tofu_tf.debug import model_case
+    from tofu_tf.op_semantics.validate import validate_graph
+    start = time.perf_counter()
+    try:
+        case = model_case(name, steps=1, dtype="float64", image_size=size)
+    except Exception as err:  # noqa: BLE001 -- recorded as the row's outcome
+        return {"model": name, "image_size": size, "dtype": "validate",
+                "outcome": f"error: {type(err).__name__}: {err}"[:300]}
+    report = validate_graph(case.imported, case.batches[0], case.values)
+    kinds = {}
+    for finding in report.failures:
+        kinds[finding.kind] = kinds.get(finding.kind, 0) + 1
+    return {"model": name, "image_size": size, "dtype": "validate",
+            "outcome": "valid" if not report.failures else "INVALID: " + ", ".join(
+                f"{v} {k}" for k, v in sorted(kinds.items())),
+            "instances": report.samples, "strategies": report.strategies,
+            "checks": report.checks, "failures": [str(f) for f in report.failures[:20]],
+            "seconds": time.perf_counter() - start}
 
 
 def run_row(row: str) -> dict:
@@ -100,9 +128,15 @@ def _e(value) -> str:
 
 
 def table(stored: dict) -> str:
-    rows = []
+    rows, checked = [], []
     for key in sorted(stored.get("rows", {})):
         r = stored["rows"][key]
+        if r.get("dtype") == "validate" or key.split(":")[1] == "validate":
+            checked.append([r.get("model", r["row"]), r.get("image_size", "-"),
+                            r["outcome"][:160], r.get("instances", "-"),
+                            r.get("strategies", "-"), r.get("checks", "-"),
+                            f"{r.get('seconds', 0):.0f}"])
+            continue
         part, ruler = r.get("partitioned") or {}, r.get("yardstick") or {}
         rows.append([r.get("model", r["row"]), r.get("image_size", "-"),
                      r.get("num_devices", "-"), r.get("dtype", "-"),
@@ -113,6 +147,8 @@ def table(stored: dict) -> str:
                      r.get("one_step", "-"), f"{r.get('seconds', 0):.0f}"])
     counts = {}
     for r in stored.get("rows", {}).values():
+        if r.get("dtype") == "validate":
+            continue
         outcome = r["outcome"].split(":")[0]
         counts[outcome] = counts.get(outcome, 0) + 1
     summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
@@ -132,7 +168,17 @@ def table(stored: dict) -> str:
         "",
         markdown_table(["model", "input", "devices", "dtype", "oneDNN", "outcome",
                         "loss err", "variable err", "yardstick loss", "yardstick var",
-                        "one step", "s"], rows)])
+                        "one step", "s"], rows),
+        "",
+        "## The validator on each model's own ops",
+        "",
+        "`python bench/keras_zoo.py --validate`: every distinct described op of the "
+        "model's training graph (float64), each strategy at k = 2, 3, 4 on the values "
+        "its inputs had in one step, against the whole op "
+        "(`tofu_tf.op_semantics.validate.validate_graph`).",
+        "",
+        markdown_table(["model", "input", "outcome", "op instances", "strategies",
+                        "checks", "s"], checked)])
 
 
 def main(argv) -> int:
