@@ -27,6 +27,7 @@ write. No op to blame means the differences are rounding only: in float64 they v
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -70,7 +71,7 @@ class TensorDiff:
 
 @dataclass(frozen=True)
 class Culprit:
-    """The first op whose output differs while its inputs agree."""
+    """The op to blame: its output, replay, plan choices and pieces."""
     diff: TensorDiff
     step: int
     inputs: tuple[TensorDiff, ...]            # its compared inputs (all agree)
@@ -81,7 +82,7 @@ class Culprit:
                                               # partitioned inputs (None: not replayable)
 
     def __str__(self) -> str:
-        lines = [f"step {self.step}: first differing op {self.diff.op} ({self.diff.op_type})",
+        lines = [f"step {self.step}: the op to blame is {self.diff.op} ({self.diff.op_type})",
                  f"  output {self.diff}",
                  f"  against the whole op on the same inputs: "
                  f"{self.replayed if self.replayed else 'not replayable (stateful)'}",
@@ -278,14 +279,13 @@ class _Judge:
                     if op.type == "ReadVariableOp" else None)
         if variable is None:
             return None
-        order = self._order()
+        order = self._order
         writes = [w for w in variable.update_ops if order[w] < order[op.name]]
         return self.graph.op(min(writes, key=order.get)) if writes else None
 
+    @functools.cached_property
     def _order(self) -> dict[str, int]:
-        if not hasattr(self, "_positions"):
-            self._positions = {op.name: i for i, op in enumerate(self.graph)}
-        return self._positions
+        return {op.name: i for i, op in enumerate(self.graph)}
 
     def _inputs_agree(self, op) -> bool:
         return not any(self.by_tensor[t].differs for t in op.inputs if t in self.by_tensor)
