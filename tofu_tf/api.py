@@ -63,6 +63,7 @@ class Optimized:
     fetches: tuple[str, ...]                   # fetch names (the input's names)
     feeds: tuple[str, ...]
     graph: Graph                               # the planner graph the plan is for
+    op_nodes: frozenset[str] = frozenset()     # emitted nodes that run planner ops
 
     @property
     def num_devices(self) -> int:
@@ -112,7 +113,8 @@ def optimize_imported(imported: ImportedGraph, topology: Topology, *,
                    sequential=options.sequential, parts=parts)
     verify(emitted, imported.graph, plan.predicted_per_level)
     return Optimized(emitted.graph_def, plan, emitted.ledger, emitted.shards,
-                     emitted.devices, emitted.fetches, tuple(feeds), imported.graph)
+                     emitted.devices, emitted.fetches, tuple(feeds), imported.graph,
+                     emitted.op_nodes)
 
 
 def predict(plan: Plan, imported: ImportedGraph, entries=None, *,

@@ -65,6 +65,7 @@ class Emitted:
     devices: tuple[str, ...]
     fetches: tuple[str, ...]                        # names to fetch (same as the input's)
     feeds: tuple[str, ...] = ()
+    op_nodes: frozenset[str] = frozenset()          # the nodes that run planner ops
 
 
 def cpu_devices(n: int) -> tuple[str, ...]:
@@ -159,8 +160,9 @@ class _Emitter:
             self._emit_fetch(t, "tofu_expose/" + t.replace(":", "_"))
         if sequential:
             self.out.chain_devices(fetches)
+        op_nodes = frozenset(n for names in self.pieces.values() for n in names)
         return Emitted(self.out.graph_def, self.parts, self.ledger, self.shards, self.devices,
-                       tuple(fetches), self.feeds)
+                       tuple(fetches), self.feeds, op_nodes)
 
     def _name(self, base: str) -> str:
         return self.out.name(base)
