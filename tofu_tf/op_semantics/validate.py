@@ -86,6 +86,20 @@ class _Instance:
         self.sem = describe(node_def.name, self.op_type, python_attrs(node_def), shapes,
                             dtypes, out_shapes, list(output_dtypes), consts)
 
+    def with_random_floats(self, seed: int = 0) -> "_Instance":
+        """The same op on random floating inputs of the same shapes (meta, integer and
+        boolean inputs kept): for the loose-region oracle, which the structure of real
+        values (a ReLU mask's zeros, a slot still zero) can fool."""
+        import copy
+        rng = np.random.default_rng(seed)
+        other = copy.copy(self)
+        other.values = [
+            value if i in self.sem.meta_inputs or not np.issubdtype(np.asarray(value).dtype,
+                                                                    np.floating)
+            else rng.uniform(-2.0, 2.0, np.shape(value)).astype(np.asarray(value).dtype)
+            for i, value in enumerate(self.values)]
+        return other
+
     @classmethod
     def from_sample(cls, sample, seed: int = 0) -> "_Instance":
         import tensorflow as tf
@@ -363,17 +377,15 @@ def validate_sample(sample, ks=(2, 3, 4), report: Report | None = None) -> Repor
 
 
 def validate_instance(inst: _Instance, sample_id: str, ks=(2, 3, 4),
-                      report: Report | None = None) -> Report:
-    """Every strategy of one instance against its whole op, for each k in `ks`."""
+                      report: Report | None = None, oracle: _Instance | None = None
+                      ) -> Report:
+    """Every strategy of one instance against its whole op, for each k in `ks`; `oracle`:
+    the instance the loose-region oracle runs on (default: `inst`)."""
     from tofu_tf.op_semantics.analysis import analyze
     report = report or Report()
     op_type = inst.op_type
-    expected = inst.run(inst.values)
-    # Outputs the kernel leaves undetermined (two runs on the same inputs differ, or the
-    # kernel is known not to write them: `_unwritten`) are not compared.
-    again = inst.run(inst.values)
-    expected = [None if o in _unwritten(inst) or not _same(a, b) else a
-                for o, (a, b) in enumerate(zip(expected, again))]
+    expected = _expected(inst)
+    oracle, oracle_expected = (inst, expected) if oracle is None else (oracle, _expected(oracle))
     if inst.sem.is_opaque:
         report.by_op.setdefault(op_type, []).append(f"opaque: {inst.sem.opaque_reason}")
         return report
@@ -387,8 +399,16 @@ def validate_instance(inst: _Instance, sample_id: str, ks=(2, 3, 4),
                 report.checks += 1
                 report.findings.extend(check_strategy(inst, strategy, k, expected, sample_id))
         if ks:
-            report.findings.extend(loose_regions(inst, strategy, expected, sample_id))
+            report.findings.extend(loose_regions(oracle, strategy, oracle_expected, sample_id))
     return report
+
+
+def _expected(inst: _Instance) -> list:
+    """The whole op's outputs; those the kernel leaves undetermined (two runs on the same
+    inputs differ, or the kernel is known not to write them: `_unwritten`) are None."""
+    expected, again = inst.run(inst.values), inst.run(inst.values)
+    return [None if o in _unwritten(inst) or not _same(a, b) else a
+            for o, (a, b) in enumerate(zip(expected, again))]
 
 
 def validate(op_types=None, ks=(2, 3, 4)) -> Report:
@@ -457,11 +477,12 @@ def _graph_instance(node_def, ins, outs, inputs, constants) -> _Instance:
 def validate_graph(imported, feeds, values, ks=(2, 3, 4)) -> Report:
     """Every strategy of every distinct described op of a real training graph, on the
     values its inputs had in a step (see `graph_instances`): the shapes, strides, paddings,
-    dilations and data formats the model's layers really use."""
+    dilations and data formats the model's layers really use. The loose-region oracle runs
+    on random values of the same shapes (`with_random_floats`)."""
     report = Report()
     for sample_id, inst in graph_instances(imported, feeds, values):
         report.samples += 1
-        validate_instance(inst, sample_id, ks, report)
+        validate_instance(inst, sample_id, ks, report, oracle=inst.with_random_floats())
     return report
 
 
