@@ -167,6 +167,11 @@ class _Instance:
 
 def _cut(value: np.ndarray, slices, pads, fill) -> np.ndarray:
     part = value[tuple(slice(a, b) for a, b in slices)]
+    if pads is not None and any(p0 < 0 or p1 < 0 for p0, p1 in pads):
+        # A region wholly past the tensor's edge: an empty slice whose pads place it (one
+        # may be negative); the part reads fill only, as the emitter's Fill gives it.
+        shape = tuple(b - a + p0 + p1 for (a, b), (p0, p1) in zip(slices, pads))
+        return np.full(shape, fill if fill is not None else 0, dtype=value.dtype)
     if pads is not None and any(p0 or p1 for p0, p1 in pads):
         part = np.pad(part, pads, constant_values=fill if fill is not None else 0)
     return part

@@ -22,12 +22,16 @@ CONV2D = (
     ("2x4 s2 EXPLICIT", (2, 9, 11, 3), (2, 4, 3, 4), 2, "EXPLICIT", 1, EXPLICIT),
     ("1x1 s2", (2, 9, 9, 3), (1, 1, 3, 4), 2, "SAME", 1, ()),
     ("4x4 s2 SAME", (2, 11, 9, 3), (4, 4, 3, 4), 2, "SAME", 1, ()),
+    # a filter wider than the input (the last blocks of a small-input MobileNetV3): taps
+    # past the edge read padding only
+    ("5x5 SAME on 2x1", (2, 2, 1, 3), (5, 5, 3, 4), 1, "SAME", 1, ()),
 )
 DEPTHWISE = (
     ("M2 3x3 s2 SAME", (2, 11, 9, 3), (3, 3, 3, 2), 2, "SAME", 1, ()),
     ("M1 3x3 s1 VALID", (2, 9, 9, 3), (3, 3, 3, 1), 1, "VALID", 1, ()),
     ("M2 3x3 dilation 2 SAME", (2, 9, 11, 3), (3, 3, 3, 2), 1, "SAME", 2, ()),
     ("M2 2x4 s2 EXPLICIT", (2, 9, 11, 3), (2, 4, 3, 2), 2, "EXPLICIT", 1, EXPLICIT),
+    ("M1 5x5 SAME on 1x1", (2, 1, 1, 3), (5, 5, 3, 1), 1, "SAME", 1, ()),
 )
 NCHW = ("NCHW 3x3 s2 SAME", (2, 3, 11, 9), (3, 3, 3, 2), 2, "SAME", 1, ())
 # (label, x shape NDHWC, filter shape, stride, padding)
