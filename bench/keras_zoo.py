@@ -155,8 +155,9 @@ def table(stored: dict) -> str:
     return "\n".join([
         "# Keras zoo: partitioned against unpartitioned training",
         "",
-        f"`{stored.get('command', '')}` on {stored.get('machine', {}).get('cpu', '?')} "
-        f"({stored.get('machine', {}).get('nproc', '?')} cores). Each row: "
+        f"`python bench/keras_zoo.py` on {stored.get('machine', {}).get('cpu', '?')} "
+        f"({stored.get('machine', {}).get('nproc', '?')} cores; the last run: "
+        f"`{stored.get('command', '')}`). Each row: "
         f"{FLAGS.steps} steps of SGD(0.05, momentum=0.9), batch 8, through "
         "`tofu_tf.function` and `tf.function` from the same weights and batches. Errors: "
         "the largest relative loss difference over the steps, the largest variable "
