@@ -127,9 +127,14 @@ def stored_box(shape: tuple[int, ...], states: list[OutputState], ways, coords) 
 
 def reduce_target(box: Box, levels, states, coords, ways) -> Box | None:
     """The device's share of a partial result's region `box` after the reduce-scatter over
-    `levels` (rewrite/collectives.py); None: an empty share."""
+    `levels` (rewrite/collectives.py): cut at each level by the state there, outermost
+    level first (innermost first when all are Replicated); None: an empty share."""
     box = list(box)
-    for level in levels:
+    # Replicated at every level: the innermost level cuts first, so that each side of the
+    # inner-first reduce-scatter is one contiguous box (one slice, one sum per level).
+    order = reversed(levels) if all(states[level].kind == "replicated" for level in levels) \
+        else levels
+    for level in order:
         state, k, p = states[level], ways[level], coords[level]
         if state.kind == "split":
             dim = state.dim
