@@ -17,8 +17,9 @@ kernels and their plumbing), not a speedup: about 1x is the floor once compute d
 The tiny configs are the reference models' defaults (per-op overhead dominates); the
 medium ones run a step in seconds. Also the step's bytes three ways: the search's model,
 the plan's prediction of the emitted step and the ledger's step total.
-Results: bench/results/overhead.json and overhead.md (rows merged by config, devices and
-sequential setting; `--fresh` drops the stored ones).
+Results: bench/results/overhead.json and overhead.md (rows merged by config, devices,
+sequential setting and the code measured, `--label` or the package's commit, so that two
+versions can stand side by side; `--fresh` drops the stored ones).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ flags.DEFINE_integer("medium_steps", 3, "timed steps of a medium config")
 flags.DEFINE_integer("warmup", 3, "untimed steps first (medium: 1)")
 flags.DEFINE_bool("sequential", True, "Options.sequential: chain each device's ops")
 flags.DEFINE_bool("fresh", False, "drop the stored rows first")
+flags.DEFINE_string("label", "", "the code measured, kept with each row (default: the "
+                                 "commit of the tofu_tf package imported)")
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import (markdown_table, median_seconds, read_results,  # noqa: E402
@@ -60,6 +63,18 @@ CONFIGS = {
                                           "seq_len": 256, "vocab": 4096, "batch_size": 8},
                           True),
 }
+
+
+def code_label() -> str:
+    """--label, or the short commit of the repository the imported tofu_tf lives in."""
+    import subprocess
+
+    import tofu_tf
+    if FLAGS.label:
+        return FLAGS.label
+    run = subprocess.run(["git", "-C", str(Path(tofu_tf.__file__).parent), "rev-parse",
+                          "--short", "HEAD"], capture_output=True, text=True)
+    return run.stdout.strip() or "unknown"
 
 
 def measure(config: str, device_counts: list[int]) -> list[dict]:
@@ -87,6 +102,7 @@ def measure(config: str, device_counts: list[int]) -> list[dict]:
         profile = StepProfile.of(stats, optimized.op_nodes)
         rows.append({
             "config": config, "model": model, "medium": medium, "devices": devices,
+            "code": code_label(),
             "sequential": FLAGS.sequential, "steps": steps,
             "single_seconds": single, "partitioned_seconds": parted,
             "ratio": parted / single,
@@ -111,8 +127,8 @@ def _ms(seconds: float) -> str:
 def table(stored: dict) -> str:
     rows = sorted(stored["rows"].values(), key=lambda r: (
         r["medium"], list(CONFIGS).index(r["config"]) if r["config"] in CONFIGS else 99,
-        r["devices"], not r["sequential"]))
-    timing = [[r["config"], r["devices"], "on" if r["sequential"] else "off",
+        r["devices"], not r["sequential"], r.get("code", "")))
+    timing = [[r["config"], r["devices"], "on" if r["sequential"] else "off", r.get("code", "?"),
                _ms(r["single_seconds"]), _ms(r["partitioned_seconds"]), f"{r['ratio']:.2f}",
                r["nodes_single"], f"{r['nodes_per_device']:.0f}", f"{r['plan_bytes']:.0f}",
                r["predicted_bytes"], r["ledger_step_bytes"]] for r in rows]
@@ -120,6 +136,7 @@ def table(stored: dict) -> str:
     for r in rows:
         p, s = r["profile"], r["profile_single"]
         where.append([r["config"], r["devices"], "on" if r["sequential"] else "off",
+                      r.get("code", "?"),
                       _ms(s["traced_seconds"]), _ms(s["op"]), _ms(s["executor"]),
                       _ms(p["traced_seconds"]), _ms(p["op"]), _ms(p["rewrite"]),
                       _ms(p["source"] + p["transfer"]), _ms(p["executor"]), _ms(p["idle"])])
@@ -131,7 +148,7 @@ def table(stored: dict) -> str:
         "cores; medians of the timed steps. Logical CPU devices share the cores: about 1x "
         "is the floor once compute dominates.",
         "",
-        markdown_table(["config", "devices", "sequential", "unpartitioned ms",
+        markdown_table(["config", "devices", "sequential", "code", "unpartitioned ms",
                         "partitioned ms", "ratio", "nodes", "nodes per device",
                         "search model B", "predicted B", "ledger B"], timing),
         "",
@@ -141,7 +158,8 @@ def table(stored: dict) -> str:
         "transfers; the executor's time around kernels; idle: each device's wall time not "
         "busy. Tracing slows the step.",
         "",
-        markdown_table(["config", "devices", "sequential", "whole: traced", "whole: ops",
+        markdown_table(["config", "devices", "sequential", "code", "whole: traced",
+                        "whole: ops",
                         "whole: executor", "traced", "ops", "plumbing", "sources",
                         "executor", "idle"], where)])
 
@@ -155,7 +173,8 @@ def main(argv) -> int:
     devices = [int(d) for d in FLAGS.devices.split(",")]
     for config in configs:
         for row in measure(config, devices):
-            key = f"{row['config']}@{row['devices']}:{'seq' if row['sequential'] else 'free'}"
+            key = (f"{row['config']}@{row['devices']}:{'seq' if row['sequential'] else 'free'}"
+                   f":{row['code']}")
             stored["rows"][key] = row
         write_results("overhead", stored, table)
     print(table(stored))

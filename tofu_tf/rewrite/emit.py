@@ -360,8 +360,13 @@ class _Emitter:
                 remote[piece.name] = src
             return piece
 
+        def source_key(cell: Box):
+            found = self._source(cell, d, pieces)
+            return None if found is None else (found[0], id(found[1]))
+
         remote: dict[str, int] = {}              # remote cells: node name -> its device
-        whole = self.tile(t, box, d, [value.box for _, value in pieces], cell_value)
+        whole = self.tile(t, box, d, [value.box for _, value in pieces], cell_value,
+                          source_key)
         if whole.name in remote:
             whole = self.out.identity(whole, d, self._name(t.replace(":", "_") + "/received"))
         if relay and remote:
@@ -376,19 +381,41 @@ class _Emitter:
         self.ledger.add(kind, t, op, src, dst, _bytes(box, self.graph.tensors[t].dtype),
                         shared)
 
-    def tile(self, t: str, box: Box, d: int, boxes: Sequence[Box], cell_value) -> Ref:
+    def tile(self, t: str, box: Box, d: int, boxes: Sequence[Box], cell_value,
+             source_key=None) -> Ref:
         """`box` on device d from cells: the grid that the edges of `boxes` cut it into;
-        `cell_value(cell)` gives each cell's tensor, concatenated here on device d."""
+        `cell_value(cell)` gives each cell's tensor, concatenated here on device d. With
+        `source_key(cell)` (where a cell comes from), neighbouring cells whose sub-grids
+        come from the same sources alike are one cell: one slice and one edge per source
+        region, not one per grid cell."""
         if not nonempty(box):
             return self._zeros(box, t, d, "empty")
         cuts = [sorted({lo, hi} | {x for b in boxes for x in b[k] if lo < x < hi})
                 for k, (lo, hi) in enumerate(box)]
         cells = [list(zip(c[:-1], c[1:])) for c in cuts]
 
+        def layout(axis: int, prefix: list):
+            if axis == len(box):
+                return source_key(tuple(prefix))
+            return tuple(layout(axis + 1, prefix + [c]) for c in cells[axis])
+
+        def merged(axis: int, prefix: list) -> list:
+            if source_key is None:
+                return cells[axis]
+            runs, keys = [], []
+            for c in cells[axis]:
+                key = layout(axis + 1, prefix + [c])
+                if runs and keys[-1] == key:
+                    runs[-1] = (runs[-1][0], c[1])
+                else:
+                    runs.append(c)
+                    keys.append(key)
+            return runs
+
         def build(axis: int, prefix: list) -> Ref:
             if axis == len(box):
                 return cell_value(tuple(prefix))
-            parts = [build(axis + 1, prefix + [c]) for c in cells[axis]]
+            parts = [build(axis + 1, prefix + [c]) for c in merged(axis, prefix)]
             if len(parts) == 1:
                 return parts[0]
             return self.out.concat(parts, axis, d,
