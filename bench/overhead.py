@@ -1,16 +1,25 @@
-"""Rewrite overhead on one host: partitioned step time over unpartitioned step time.
+"""Step time on one host: the partitioned step against the unpartitioned one.
 
-    python bench/overhead.py                  # every tiny model, sgd, 8 logical CPUs
-    python bench/overhead.py --models=mlp --devices=4 --steps=20
+    python bench/overhead.py                        # tiny and medium configs at 2, 4, 8 devices
+    python bench/overhead.py --configs=mlp,mlp-medium --devices=8 --steps=20
+    python bench/overhead.py --sequential=false     # without the per-device control chain
 
-Each tiny reference model (graph-only, float32, batch 8) runs `--steps` timed steps after
-`--warmup` untimed ones, unpartitioned in a one-device session and partitioned in a
-session with one logical CPU per device. Logical CPUs share the host's cores and memory,
-so this measures the rewrite's overhead (more, smaller kernels and the copies between
-devices), not a speedup. Results (medians, ratio) go to bench/results/overhead.json and
-overhead.md, with the step's bytes three ways: the search's model (each level's cut
-priced inside its groups), the plan's prediction of the emitted step (rewrite/pricing.py)
-and the ledger's step total (equal to the prediction, or the verifier fails).
+Each config (a reference model, graph-only, float32, SGD) runs `--steps` timed steps after
+`--warmup` untimed ones (medium configs: `--medium_steps`), unpartitioned in a one-device
+session and partitioned in a session with one logical CPU per device; a row per config and
+device count gives the medians, their ratio, the nodes per device, and where the time
+goes in one more step traced with TensorFlow's step stats (`tofu_tf.profile`): kernel
+time of the planner ops, of the rewrite's plumbing (slices, concats, sums of partial
+results, identities) and of sources, the executor's time around the kernels, and the
+devices' idle time (each device's wall time not busy), all summed over devices. Logical
+CPUs share the host's cores and memory, so this measures the rewrite's cost (more, smaller
+kernels and their plumbing), not a speedup: about 1x is the floor once compute dominates.
+The tiny configs are the reference models' defaults (per-op overhead dominates); the
+medium ones run a step in seconds. Also the step's bytes three ways: the search's model,
+the plan's prediction of the emitted step and the ledger's step total.
+Results: bench/results/overhead.json and overhead.md (rows merged by config, devices,
+sequential setting and the code measured, `--label` or the package's commit, so that two
+versions can stand side by side; `--fresh` drops the stored ones).
 """
 
 from __future__ import annotations
@@ -23,52 +32,152 @@ from pathlib import Path
 from absl import app, flags
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("models", "mlp,wresnet,lstm,transformer", "comma-separated tiny models")
-flags.DEFINE_string("optimizer", "sgd", "optimizer of the steps")
-flags.DEFINE_integer("devices", 8, "logical CPU devices")
-flags.DEFINE_integer("steps", 20, "timed steps")
-flags.DEFINE_integer("warmup", 3, "untimed steps first")
+flags.DEFINE_string("configs", "", "comma-separated configs (default: all of CONFIGS)")
+flags.DEFINE_string("devices", "2,4,8", "comma-separated logical CPU device counts")
+flags.DEFINE_integer("steps", 20, "timed steps of a tiny config")
+flags.DEFINE_integer("medium_steps", 3, "timed steps of a medium config")
+flags.DEFINE_integer("warmup", 3, "untimed steps first (medium: 1)")
+flags.DEFINE_bool("sequential", True, "Options.sequential: chain each device's ops")
+flags.DEFINE_bool("fresh", False, "drop the stored rows first")
+flags.DEFINE_string("label", "", "the code measured, kept with each row (default: the "
+                                 "commit of the tofu_tf package imported)")
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import markdown_table, median_seconds, write_results  # noqa: E402  (bench/common.py)
+from common import (markdown_table, median_seconds, read_results,  # noqa: E402
+                    write_results)
+
+# name -> (model, build keywords, medium)
+CONFIGS = {
+    "mlp": ("mlp", {"batch_size": 8}, False),
+    "wresnet": ("wresnet", {"batch_size": 8}, False),
+    "lstm": ("lstm", {"batch_size": 8}, False),
+    "transformer": ("transformer", {"batch_size": 8}, False),
+    "mlp-medium": ("mlp", {"hidden": (4096,) * 4, "input_dim": 4096, "num_classes": 1000,
+                           "batch_size": 256}, True),
+    "wresnet-50-w2": ("wresnet", {"depth": 50, "widen": 2, "base_width": 64,
+                                  "image_size": 64, "num_classes": 100, "batch_size": 32},
+                      True),
+    "lstm-4-1024": ("lstm", {"layers": 4, "hidden": 1024, "steps": 20, "embedding": 512,
+                             "vocab": 1000, "num_classes": 1000, "batch_size": 64}, True),
+    "transformer-6-512": ("transformer", {"layers": 6, "d_model": 512, "heads": 8,
+                                          "seq_len": 256, "vocab": 4096, "batch_size": 8},
+                          True),
+}
 
 
-def measure(model: str) -> dict:
+def code_label() -> str:
+    """--label, or the short commit of the repository the imported tofu_tf lives in."""
+    import subprocess
+
+    import tofu_tf
+    if FLAGS.label:
+        return FLAGS.label
+    run = subprocess.run(["git", "-C", str(Path(tofu_tf.__file__).parent), "rev-parse",
+                          "--short", "HEAD"], capture_output=True, text=True)
+    return run.stdout.strip() or "unknown"
+
+
+def measure(config: str, device_counts: list[int]) -> list[dict]:
     from tofu_tf.api import optimize
     from tofu_tf.models import build
+    from tofu_tf.options import Options
+    from tofu_tf.profile import StepProfile, step_stats
     from tofu_tf.runtime import Runner, SingleDevice
-    step = build(model, optimizer=FLAGS.optimizer, graph_only=True, batch_size=8)
+    model, sizes, medium = CONFIGS[config]
+    steps, warmup = (FLAGS.medium_steps, 1) if medium else (FLAGS.steps, FLAGS.warmup)
+    step = build(model, optimizer="sgd", graph_only=True, **sizes)
     feeds = dict(zip(step.feeds, step.sample_batch(0)))
     with SingleDevice(step.graph_def, step.init_op, step.fetches) as single_device:
         values = single_device.values()
-        single = median_seconds(lambda: single_device.run(feeds), FLAGS.steps, FLAGS.warmup)
-    optimized = optimize(step.graph_def, step.fetches, feeds=list(step.feeds),
-                         num_devices=FLAGS.devices)
-    with Runner(optimized, values) as runner:
-        parted = median_seconds(lambda: runner.run(feeds), FLAGS.steps, FLAGS.warmup)
-    return {"model": model, "devices": FLAGS.devices, "optimizer": FLAGS.optimizer,
-            "single_seconds": single, "partitioned_seconds": parted, "ratio": parted / single,
+        single = median_seconds(lambda: single_device.run(feeds), steps, warmup)
+        whole = StepProfile.of(step_stats(single_device.session, step.fetches, feeds)[0])
+    rows = []
+    for devices in device_counts:
+        optimized = optimize(step.graph_def, step.fetches, feeds=list(step.feeds),
+                             num_devices=devices,
+                             options=Options(sequential=FLAGS.sequential))
+        with Runner(optimized, values) as runner:
+            parted = median_seconds(lambda: runner.run(feeds), steps, warmup)
+            stats, _ = step_stats(runner.session, optimized.fetches, feeds)
+        profile = StepProfile.of(stats, optimized.op_nodes)
+        rows.append({
+            "config": config, "model": model, "medium": medium, "devices": devices,
+            "code": code_label(),
+            "sequential": FLAGS.sequential, "steps": steps,
+            "single_seconds": single, "partitioned_seconds": parted,
+            "ratio": parted / single,
             "nodes_single": len(step.graph_def.node),
             "nodes_partitioned": len(optimized.graph_def.node),
-            "moved_bytes": optimized.ledger.moved_bytes, "plan_bytes": optimized.plan.total_bytes,
+            "nodes_per_device": len(optimized.graph_def.node) / devices,
+            "profile": {"traced_seconds": profile.wall_seconds, **profile.totals()},
+            "profile_single": {"traced_seconds": whole.wall_seconds, **whole.totals()},
+            "bars": profile.bars(40),
+            "plan_bytes": optimized.plan.total_bytes,
             "predicted_bytes": optimized.plan.predicted_bytes,
-            "ledger_step_bytes": optimized.ledger.step_bytes}
+            "ledger_step_bytes": optimized.ledger.step_bytes})
+        print(f"{config} @{devices}: {1e3 * single:.2f} ms -> {1e3 * parted:.2f} ms "
+              f"({parted / single:.2f}x), {len(optimized.graph_def.node)} nodes", flush=True)
+    return rows
+
+
+def _ms(seconds: float) -> str:
+    return f"{1e3 * seconds:.2f}" if seconds < 10 else f"{1e3 * seconds:.0f}"
 
 
 def table(stored: dict) -> str:
-    return markdown_table(
-        ["model", "devices", "unpartitioned ms", "partitioned ms", "ratio", "nodes",
-         "partitioned nodes", "search model B", "predicted B", "ledger B"],
-        [[r["model"], r["devices"], f"{1e3 * r['single_seconds']:.2f}",
-          f"{1e3 * r['partitioned_seconds']:.2f}", f"{r['ratio']:.2f}", r["nodes_single"],
-          r["nodes_partitioned"], f"{r['plan_bytes']:.0f}", r["predicted_bytes"],
-          r["ledger_step_bytes"]] for r in stored["rows"]])
+    rows = sorted(stored["rows"].values(), key=lambda r: (
+        r["medium"], list(CONFIGS).index(r["config"]) if r["config"] in CONFIGS else 99,
+        r["devices"], not r["sequential"], r.get("code", "")))
+    timing = [[r["config"], r["devices"], "on" if r["sequential"] else "off", r.get("code", "?"),
+               _ms(r["single_seconds"]), _ms(r["partitioned_seconds"]), f"{r['ratio']:.2f}",
+               r["nodes_single"], f"{r['nodes_per_device']:.0f}", f"{r['plan_bytes']:.0f}",
+               r["predicted_bytes"], r["ledger_step_bytes"]] for r in rows]
+    where = []
+    for r in rows:
+        p, s = r["profile"], r["profile_single"]
+        where.append([r["config"], r["devices"], "on" if r["sequential"] else "off",
+                      r.get("code", "?"),
+                      _ms(s["traced_seconds"]), _ms(s["op"]), _ms(s["executor"]),
+                      _ms(p["traced_seconds"]), _ms(p["op"]), _ms(p["rewrite"]),
+                      _ms(p["source"] + p["transfer"]), _ms(p["executor"]), _ms(p["idle"])])
+    machine = stored.get("machine", {})
+    return "\n".join([
+        "# Step time: partitioned against unpartitioned",
+        "",
+        f"`{stored.get('command', '')}` on {machine.get('cpu', '?')}, {machine.get('nproc')} "
+        "cores; medians of the timed steps. Logical CPU devices share the cores: about 1x "
+        "is the floor once compute dominates.",
+        "",
+        markdown_table(["config", "devices", "sequential", "code", "unpartitioned ms",
+                        "partitioned ms", "ratio", "nodes", "nodes per device",
+                        "search model B", "predicted B", "ledger B"], timing),
+        "",
+        "## Where the time goes (one traced step, ms summed over devices)",
+        "",
+        "Kernel time of the planner ops, of the rewrite's plumbing, of sources and "
+        "transfers; the executor's time around kernels; idle: each device's wall time not "
+        "busy. Tracing slows the step.",
+        "",
+        markdown_table(["config", "devices", "sequential", "code", "whole: traced",
+                        "whole: ops",
+                        "whole: executor", "traced", "ops", "plumbing", "sources",
+                        "executor", "idle"], where)])
 
 
 def main(argv) -> int:
     del argv
-    rows = [measure(m) for m in FLAGS.models.split(",") if m]
-    print(write_results("overhead", {"rows": rows}, table))
+    stored = read_results("overhead", FLAGS.fresh)
+    if "rows" not in stored or isinstance(stored["rows"], list):
+        stored["rows"] = {}
+    configs = [c for c in FLAGS.configs.split(",") if c] or list(CONFIGS)
+    devices = [int(d) for d in FLAGS.devices.split(",")]
+    for config in configs:
+        for row in measure(config, devices):
+            key = (f"{row['config']}@{row['devices']}:{'seq' if row['sequential'] else 'free'}"
+                   f":{row['code']}")
+            stored["rows"][key] = row
+        write_results("overhead", stored, table)
+    print(table(stored))
     return 0
 
 

@@ -49,8 +49,9 @@ def options(**overrides):
     return Options(memory_budget_bytes=budget, **overrides)
 
 
-def write_plan(plan, title: str = "", baselines=None) -> None:
-    """The plan to --plan_out (JSON) and --report (HTML), when given."""
+def write_plan(plan, title: str = "", baselines=None, profile=None) -> None:
+    """The plan to --plan_out (JSON) and --report (HTML, with a measured step's
+    `profile` when given), when given."""
     if FLAGS.plan_out:
         with open(FLAGS.plan_out, "w") as f:
             f.write(plan.to_json())
@@ -58,4 +59,4 @@ def write_plan(plan, title: str = "", baselines=None) -> None:
         from tofu_tf.report import html_report
         with open(FLAGS.report, "w") as f:
             f.write(html_report(plan, title=title or f"{FLAGS.model} plan",
-                                baselines=baselines))
+                                baselines=baselines, profile=profile))

@@ -157,13 +157,43 @@ def _order(device: str):
 def step_stats(session, fetches, feeds):
     """One traced run: (its RunMetadata.step_stats, its wall seconds)."""
     import time
-
-    from tensorflow.core.protobuf import config_pb2
-    options = config_pb2.RunOptions(trace_level=config_pb2.RunOptions.FULL_TRACE)
-    metadata = config_pb2.RunMetadata()
     start = time.perf_counter()
-    session.run(list(fetches), dict(feeds), options=options, run_metadata=metadata)
-    return metadata.step_stats, time.perf_counter() - start
+    run_args = traced()
+    session.run(list(fetches), dict(feeds), **run_args)
+    return run_args["run_metadata"].step_stats, time.perf_counter() - start
+
+
+def traced() -> dict:
+    """Session.run keywords for a traced step; its stats land in ["run_metadata"]."""
+    from tensorflow.core.protobuf import config_pb2
+    return {"options": config_pb2.RunOptions(trace_level=config_pb2.RunOptions.FULL_TRACE),
+            "run_metadata": config_pb2.RunMetadata()}
+
+
+def write_profile(directory: str | Path, run, step_stats_proto=None):
+    """A TensorBoard profile in `directory`: `run()` runs a step under TensorFlow's
+    profiler, which writes plugins/profile/<run>/<host>.xplane.pb (the profile plugin
+    opens it); `step_stats_proto` (a traced step's stats: the profiler and a traced step
+    exclude each other) goes beside it as <host>.trace.json.gz, one row per device (the
+    trace viewer and chrome://tracing open it). Returns (that folder's xplane or trace
+    path, run's value)."""
+    import socket
+
+    import tensorflow as tf
+    directory = Path(directory)
+    before = set((directory / "plugins" / "profile").glob("*"))
+    tf.profiler.experimental.start(str(directory))
+    try:
+        value = run()
+    finally:
+        tf.profiler.experimental.stop()
+    made = sorted(set((directory / "plugins" / "profile").glob("*")) - before)
+    folder = made[-1] if made else directory / "plugins" / "profile" / "step"
+    path = next(iter(sorted(folder.glob("*.xplane.pb"))), None)
+    if step_stats_proto is not None:
+        path = write_chrome_trace(step_stats_proto,
+                                  folder / f"{socket.gethostname()}.trace.json.gz")
+    return path or folder, value
 
 
 def write_chrome_trace(step_stats_proto, path: str | Path) -> Path:

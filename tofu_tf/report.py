@@ -17,12 +17,27 @@ from tofu_tf.search.plan import Plan, human_bytes
 
 SECTIONS = ("Summary", "Memory per device", "Bytes per level", "Against the baselines",
             "Largest transfers", "Tensor groups")
+STEP_SECTION = "Step time per device"     # with a measured step (tofu_tf.profile)
 
 
 def _bar(value: float, largest: float, label: str, colour: str = "#4a7bd0") -> str:
     width = 0.0 if largest <= 0 else 100.0 * value / largest
     return (f'<div class="bar"><span style="width:{width:.1f}%;background:{colour}">'
             f'</span><em>{html.escape(label)}</em></div>')
+
+
+def _step_bars(profile) -> str:
+    """A bar per device: busy time over the step's wall time, with its kernel time by kind."""
+    wall = profile.wall_seconds or 1.0
+    rows = [f"<p>One traced step: {1e3 * profile.wall_seconds:.2f} ms. Kernel time by kind: "
+            "planner ops, the rewrite's plumbing (slices, concats, partial sums), sources "
+            "and transfers.</p>"]
+    for d in profile.devices:
+        kinds = ", ".join(f"{kind} {1e3 * d.kernel_seconds.get(kind, 0.0):.2f}"
+                          for kind in ("op", "rewrite", "source", "transfer"))
+        rows.append(_bar(d.busy_seconds, wall, f"{d.device}: busy {1e3 * d.busy_seconds:.2f} "
+                         f"ms, {d.nodes} nodes ({kinds} ms kernel)"))
+    return "".join(rows)
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -33,10 +48,15 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def html_report(plan: Plan, *, title: str = "tofu_tf plan",
-                baselines: Mapping[str, float] | None = None, transfers: int = 40) -> str:
+                baselines: Mapping[str, float] | None = None, transfers: int = 40,
+                profile=None) -> str:
+    """`profile`: a `tofu_tf.profile.StepProfile` of one step of the plan's emitted graph,
+    shown as a bar per device (its busy time in the step) after the summary."""
     esc = html.escape
     parts = [f"<h1>{esc(title)}</h1>", f"<h2 id='summary'>{SECTIONS[0]}</h2>",
              f"<pre>{esc(str(plan))}</pre>"]
+    if profile is not None:
+        parts += [f"<h2 id='step'>{STEP_SECTION}</h2>", _step_bars(profile)]
 
     parts.append(f"<h2 id='memory'>{SECTIONS[1]}</h2>")
     single = plan.single_device_peak_bytes

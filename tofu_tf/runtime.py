@@ -125,8 +125,10 @@ class Runner(_SessionOwner):
                 feeds[self._placeholders[(name, shard.device)]] = value[box_slices(shard.box)]
         self.session.run(self._assigns, feeds)
 
-    def run(self, feeds: Mapping[str, np.ndarray], fetches=None):
-        return self.session.run(list(fetches or self.optimized.fetches), dict(feeds))
+    def run(self, feeds: Mapping[str, np.ndarray], fetches=None, **run_args):
+        """`run_args`: Session.run's `options` and `run_metadata` (a traced step)."""
+        return self.session.run(list(fetches or self.optimized.fetches), dict(feeds),
+                                **run_args)
 
     def values(self) -> dict[str, np.ndarray]:
         """Every variable, assembled whole from its shards."""

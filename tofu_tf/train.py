@@ -58,6 +58,10 @@ flags.DEFINE_float("step_timeout", 300.0, "seconds a step on a cluster may take"
 flags.DEFINE_string("checkpoint_dir", None, "save the variables here (tf.train.Checkpoint)")
 flags.DEFINE_integer("checkpoint_every", 1, "save every this many steps")
 flags.DEFINE_bool("resume", False, "start from the latest checkpoint in --checkpoint_dir")
+flags.DEFINE_string("profile_dir", None, "write a TensorBoard profile here: the last step "
+                    "under TensorFlow's profiler (plugins/profile/<run>/<host>.xplane.pb) and "
+                    "the step before it from its step stats, a trace row per device "
+                    "(<host>.trace.json.gz beside it); --report shows that step per device")
 
 
 def _devices(topology) -> list[str]:
@@ -161,10 +165,19 @@ def train() -> int:
     losses = []
     with _cluster(topology) as (target, config, guard_of), \
             Runner(optimized, initial, target=target, config=config) as runner:
+        profiled = numbers[-1] if FLAGS.profile_dir else None
+        traced = (numbers[-2] if profiled is not None and len(numbers) > 1 else numbers[-1]) \
+            if FLAGS.profile_dir or FLAGS.report else None
+        stats = None
         for i, batch in zip(numbers, batches):
             start = time.perf_counter()
             with guard_of(runner):
-                loss = float(runner.run(batch)[0])
+                if i == traced:
+                    loss, stats = _traced_step(runner, batch, optimized, topology)
+                elif i == profiled:
+                    loss = _profiled_step(runner, batch, stats)
+                else:
+                    loss = float(runner.run(batch)[0])
             losses.append(loss)
             logging.info("step %d: loss %.6f, %.3f s", i + 1, loss, time.perf_counter() - start)
             if FLAGS.checkpoint_dir and (i + 1) % FLAGS.checkpoint_every == 0:
@@ -192,6 +205,30 @@ def train() -> int:
     print(f"MISMATCH: losses {losses} vs {reference}; variables differing (max abs "
           f"error): {dict(sorted(bad.items(), key=lambda kv: -kv[1])[:10])}", file=sys.stderr)
     return 1
+
+
+def _traced_step(runner, batch, optimized, topology):
+    """The step with TensorFlow's step stats: logged per device, and in the --report page.
+    Returns (the loss, the stats)."""
+    from tofu_tf.profile import StepProfile, traced
+    run_args = traced()
+    loss = float(runner.run(batch, **run_args)[0])
+    stats = run_args["run_metadata"].step_stats
+    profile = StepProfile.of(stats, optimized.op_nodes)
+    logging.info("%s\n%s", profile, "\n".join(profile.bars()))
+    if FLAGS.report:
+        _cli.write_plan(optimized.plan, f"{FLAGS.model} on {topology}", profile=profile)
+    return loss, stats
+
+
+def _profiled_step(runner, batch, stats) -> float:
+    """The step under TensorFlow's profiler, written to --profile_dir with `stats` (the
+    traced step's) beside it as a trace with a row per device. Returns the loss."""
+    from tofu_tf.profile import write_profile
+    path, loss = write_profile(FLAGS.profile_dir, lambda: runner.run(batch)[0], stats)
+    logging.info("wrote the profile to %s (tensorboard --logdir=%s)", path.parent,
+                 FLAGS.profile_dir)
+    return float(loss)
 
 
 def main(argv) -> int:

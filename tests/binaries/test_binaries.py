@@ -28,6 +28,25 @@ def test_train_matches_the_unpartitioned_step(tmp_path):
     assert len(plan["per_device_peak_bytes"]) == 4 and plan["single_device_peak_bytes"] > 0
 
 
+def test_train_writes_a_profile_naming_every_devices_ops(tmp_path):
+    from tofu_tf.profile import trace_devices
+    report = tmp_path / "plan.html"
+    run = _run("tofu_tf.train", "--model=mlp", "--num_devices=4", "--steps=3",
+               f"--profile_dir={tmp_path}", f"--report={report}")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "MATCH: 3 steps on 4 devices" in run.stdout
+    folder, = (tmp_path / "plugins" / "profile").iterdir()
+    xplane, = folder.glob("*.xplane.pb")
+    assert b"MatMul" in xplane.read_bytes()
+    trace, = folder.glob("*.trace.json.gz")
+    rows = trace_devices(trace)
+    for d in range(4):
+        names = next(v for k, v in rows.items() if k.endswith(f"CPU:{d} Compute"))
+        assert any("MatMul" in n for n in names), (d, sorted(names)[:10])
+    page = report.read_text()
+    assert "Step time per device" in page and all(f"CPU:{d}: busy" in page for d in range(4))
+
+
 def test_train_with_an_impossible_budget_exits_2_with_the_fix():
     run = _run("tofu_tf.train", "--model=mlp", "--num_devices=4", "--memory_budget=1KiB")
     assert run.returncode == 2, run.stderr[-3000:]

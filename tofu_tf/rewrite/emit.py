@@ -138,6 +138,8 @@ class _Emitter:
         self.stored: dict[tuple[str, int], _Value] = {}
         self.handles: dict[tuple[str, int], Ref] = {}            # (variable tensor, device)
         self.pieces: dict[str, list[str]] = {}                   # op -> its emitted nodes
+        self.device_of: dict[str, int] = {}                      # piece node -> its device
+        self.gates: dict[tuple, str] = {}          # (control inputs, device) -> its NoOp
         self.reads: dict[tuple[str, int], list[str]] = {}        # (variable, device) -> reads
         self.shards: dict[str, tuple[Shard, ...]] = {}
         self.variable_of = {v.handle: v for v in graph.variables.values()}
@@ -175,14 +177,36 @@ class _Emitter:
         pieces = self.parts.ops[op.name]
         node = self.nodes[op.name]
         emitted = [self._emit_piece(op, node, piece) for piece in pieces]
+        for name, piece in zip(emitted, pieces):
+            if name is not None:
+                self.device_of[name] = piece.device
         self.pieces[op.name] = [e for e in emitted if e is not None]
         for o, t in enumerate(op.outputs):
             out = pieces[0].outputs[o]
             if out.partial_levels:
                 self.partial[t] = (out.partial_levels, out.reducer)
 
-    def _controls(self, op) -> list[str]:
-        return [c for name in op.control_inputs for c in self.pieces.get(name, ())]
+    def _controls(self, op, d: int) -> list[str]:
+        """What op's piece on device d waits for: its control inputs' pieces on d, and
+        for each other device holding some, one gate there that waits for them (one
+        cross-device edge per device, not one per piece)."""
+        local, remote = [], {}
+        for name in op.control_inputs:
+            for c in self.pieces.get(name, ()):
+                e = self.device_of[c]
+                (local.append(c) if e == d else remote.setdefault(e, []).append(c))
+        return local + [self._gate(op.control_inputs, e, names)
+                        for e, names in sorted(remote.items())]
+
+    def _gate(self, key: tuple[str, ...], e: int, names: list[str]) -> str:
+        """A NoOp on device e waiting for `names` (e's pieces of the ops in `key`)."""
+        if len(names) == 1:
+            return names[0]
+        if (key, e) not in self.gates:
+            name = self._name("gate")
+            self.out.node("NoOp", name, e, (), {}, [], [], names)
+            self.gates[(key, e)] = name
+        return self.gates[(key, e)]
 
     def _emit_piece(self, op, node, piece: DeviceOp) -> str | None:
         """The device's local op (its node name; None when it emits no op of its own)."""
@@ -200,8 +224,7 @@ class _Emitter:
                     self._zeros(box, t, d, op.name + "/empty"), box)
             return None
         if op.type == "ReadVariableOp" and not own_shard(piece, 0, self.parts.stored[op.inputs[0]][d]):
-            value = self._resource_value(op.inputs[0], piece.inputs[0].data, d, op.name,
-                                         self._controls(op))
+            value = self._resource_value(op.inputs[0], piece.inputs[0].data, d, op)
             self.produced.setdefault(op.outputs[0], [None] * self.n)[d] = _Value(
                 value, piece.outputs[0].box)
             return value.node
@@ -216,7 +239,7 @@ class _Emitter:
                                 _local_attrs(op, node, piece.attrs),
                                 self._kernel_shapes(op, piece),
                                 [self._dtype(t) for t in op.outputs],
-                                self._controls(op) + self._update_controls(op, piece))
+                                self._controls(op, d) + self._update_controls(op, piece))
         if op.type == "ReadVariableOp":
             self.reads.setdefault((op.inputs[0], d), []).append(name)
         for o, t in enumerate(op.outputs):
@@ -337,8 +360,13 @@ class _Emitter:
                 remote[piece.name] = src
             return piece
 
+        def source_key(cell: Box):
+            found = self._source(cell, d, pieces)
+            return None if found is None else (found[0], id(found[1]))
+
         remote: dict[str, int] = {}              # remote cells: node name -> its device
-        whole = self.tile(t, box, d, [value.box for _, value in pieces], cell_value)
+        whole = self.tile(t, box, d, [value.box for _, value in pieces], cell_value,
+                          source_key)
         if whole.name in remote:
             whole = self.out.identity(whole, d, self._name(t.replace(":", "_") + "/received"))
         if relay and remote:
@@ -353,19 +381,41 @@ class _Emitter:
         self.ledger.add(kind, t, op, src, dst, _bytes(box, self.graph.tensors[t].dtype),
                         shared)
 
-    def tile(self, t: str, box: Box, d: int, boxes: Sequence[Box], cell_value) -> Ref:
+    def tile(self, t: str, box: Box, d: int, boxes: Sequence[Box], cell_value,
+             source_key=None) -> Ref:
         """`box` on device d from cells: the grid that the edges of `boxes` cut it into;
-        `cell_value(cell)` gives each cell's tensor, concatenated here on device d."""
+        `cell_value(cell)` gives each cell's tensor, concatenated here on device d. With
+        `source_key(cell)` (where a cell comes from), neighbouring cells whose sub-grids
+        come from the same sources alike are one cell: one slice and one edge per source
+        region, not one per grid cell."""
         if not nonempty(box):
             return self._zeros(box, t, d, "empty")
         cuts = [sorted({lo, hi} | {x for b in boxes for x in b[k] if lo < x < hi})
                 for k, (lo, hi) in enumerate(box)]
         cells = [list(zip(c[:-1], c[1:])) for c in cuts]
 
+        def layout(axis: int, prefix: list):
+            if axis == len(box):
+                return source_key(tuple(prefix))
+            return tuple(layout(axis + 1, prefix + [c]) for c in cells[axis])
+
+        def merged(axis: int, prefix: list) -> list:
+            if source_key is None:
+                return cells[axis]
+            runs, keys = [], []
+            for c in cells[axis]:
+                key = layout(axis + 1, prefix + [c])
+                if runs and keys[-1] == key:
+                    runs[-1] = (runs[-1][0], c[1])
+                else:
+                    runs.append(c)
+                    keys.append(key)
+            return runs
+
         def build(axis: int, prefix: list) -> Ref:
             if axis == len(box):
                 return cell_value(tuple(prefix))
-            parts = [build(axis + 1, prefix + [c]) for c in cells[axis]]
+            parts = [build(axis + 1, prefix + [c]) for c in merged(axis, prefix)]
             if len(parts) == 1:
                 return parts[0]
             return self.out.concat(parts, axis, d,
@@ -462,10 +512,10 @@ class _Emitter:
         self.shards[op.name] = self.shards.get(op.name, ()) + (Shard(d, box, name),)
         return name
 
-    def _resource_value(self, t: str, box: Box, d: int, op: str, controls) -> Ref:
+    def _resource_value(self, t: str, box: Box, d: int, read_op) -> Ref:
         """The variable's values in `box`, read from the shards that hold them — after
         the read's own control inputs (a read that follows an update sees its result)."""
-        sources = []
+        sources, op = [], read_op.name
         for e in range(self.n):
             key = ("value", op, t, e)
             if key not in self.stored:
@@ -474,7 +524,8 @@ class _Emitter:
                 read = self.out.node("ReadVariableOp", self._name("read"), e,
                                      (self.handles[(t, e)],),
                                      {"dtype": attr_value_pb2.AttrValue(type=dtype)},
-                                     [tuple(b - a for a, b in box_e)], [dtype], controls)[0]
+                                     [tuple(b - a for a, b in box_e)], [dtype],
+                                     self._controls(read_op, e))[0]
                 self.reads.setdefault((t, e), []).append(read.node)
                 self.stored[key] = _Value(read, box_e)
             sources.append(self.stored[key])

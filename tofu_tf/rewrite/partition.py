@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -41,7 +41,7 @@ from tofu_tf.op_semantics.catalog import OpEntry
 from tofu_tf.op_semantics.localize import LocalOp, localize
 from tofu_tf.op_semantics.memo import SemanticsMemo
 from tofu_tf.op_semantics.registry import NAMING_ATTRS, Semantics, freeze
-from tofu_tf.search.cost import Box        # half-open [start, stop) per dim, global coords
+from tofu_tf.search.cost import Box, box_volume   # Box: [start, stop) per dim, global coords
 from tofu_tf.search.plan import Plan
 from tofu_tf.search.problem import opaque_local
 from tofu_tf.search.topology import coordinates
@@ -127,9 +127,14 @@ def stored_box(shape: tuple[int, ...], states: list[OutputState], ways, coords) 
 
 def reduce_target(box: Box, levels, states, coords, ways) -> Box | None:
     """The device's share of a partial result's region `box` after the reduce-scatter over
-    `levels` (rewrite/collectives.py); None: an empty share."""
+    `levels` (rewrite/collectives.py): cut at each level by the state there, outermost
+    level first (innermost first when all are Replicated); None: an empty share."""
     box = list(box)
-    for level in levels:
+    # Replicated at every level: the innermost level cuts first, so that each side of the
+    # inner-first reduce-scatter is one contiguous box (one slice, one sum per level).
+    order = reversed(levels) if all(states[level].kind == "replicated" for level in levels) \
+        else levels
+    for level in order:
         state, k, p = states[level], ways[level], coords[level]
         if state.kind == "split":
             dim = state.dim
@@ -157,6 +162,25 @@ def all_reduces(use_v2: bool, reducer: str, levels, states: list[OutputState]) -
     levels all Replicated), not by the hierarchical reduce-scatter and all-gather."""
     return use_v2 and reducer in V2_REDUCERS and all(states[level].kind == "replicated"
                                                      for level in levels)
+
+
+# A partial result that is Replicated at each of its levels and whose produced region is
+# at most this many bytes on every device is reduced by exchange (`exchanges`): at each
+# level, innermost first, every member receives each other member's whole current copy and
+# combines them in member order. At one level that moves what the reduce-scatter and
+# all-gather move, (k - 1) |D| per member; over several, sum_l (k_l - 1) |D| where they
+# move 2 (1 - 1/g) |D|, but in sum_l (k_l - 1) messages and one combine per level, no
+# slices: for a bias gradient the per-message cost is the whole cost.
+EXCHANGE_BYTES = 2048
+
+
+def exchanges(levels, states: list[OutputState], produced: Sequence[Box | None],
+              itemsize: int) -> bool:
+    """Whether a partial result over `levels` with these states, produced as these
+    per-device boxes, reduces by exchange."""
+    return (all(states[level].kind == "replicated" for level in levels) and
+            all(box is None or box_volume(box) * itemsize <= EXCHANGE_BYTES
+                for box in produced))
 
 
 def contains(outer: Box, inner: Box) -> bool:
