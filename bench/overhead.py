@@ -43,7 +43,7 @@ flags.DEFINE_string("label", "", "the code measured, kept with each row (default
                                  "commit of the tofu_tf package imported)")
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import (markdown_table, median_seconds, read_results,  # noqa: E402
+from common import (cpu, markdown_table, median_seconds, read_results,  # noqa: E402
                     write_results)
 
 # name -> (model, build keywords, medium)
@@ -102,7 +102,7 @@ def measure(config: str, device_counts: list[int]) -> list[dict]:
         profile = StepProfile.of(stats, optimized.op_nodes)
         rows.append({
             "config": config, "model": model, "medium": medium, "devices": devices,
-            "code": code_label(),
+            "code": code_label(), "cpu": cpu(),
             "sequential": FLAGS.sequential, "steps": steps,
             "single_seconds": single, "partitioned_seconds": parted,
             "ratio": parted / single,
@@ -128,35 +128,44 @@ def table(stored: dict) -> str:
     rows = sorted(stored["rows"].values(), key=lambda r: (
         r["medium"], list(CONFIGS).index(r["config"]) if r["config"] in CONFIGS else 99,
         r["devices"], not r["sequential"], r.get("code", "")))
+    machines = sorted({r["cpu"] for r in rows})
     timing = [[r["config"], r["devices"], "on" if r["sequential"] else "off", r.get("code", "?"),
+               machines.index(r["cpu"]) + 1,
                _ms(r["single_seconds"]), _ms(r["partitioned_seconds"]), f"{r['ratio']:.2f}",
                r["nodes_single"], f"{r['nodes_per_device']:.0f}", f"{r['plan_bytes']:.0f}",
                r["predicted_bytes"], r["ledger_step_bytes"]] for r in rows]
+    def executor(p: dict) -> str:
+        if "executor" in p:
+            return _ms(p["executor"])
+        return _ms(p["busy_less_kernel"]) + "*"
+
     where = []
     for r in rows:
         p, s = r["profile"], r["profile_single"]
         where.append([r["config"], r["devices"], "on" if r["sequential"] else "off",
                       r.get("code", "?"),
-                      _ms(s["traced_seconds"]), _ms(s["op"]), _ms(s["executor"]),
+                      _ms(s["traced_seconds"]), _ms(s["op"]), executor(s),
                       _ms(p["traced_seconds"]), _ms(p["op"]), _ms(p["rewrite"]),
-                      _ms(p["source"] + p["transfer"]), _ms(p["executor"]), _ms(p["idle"])])
+                      _ms(p["source"] + p["transfer"]), executor(p), _ms(p["idle"])])
     machine = stored.get("machine", {})
     return "\n".join([
         "# Step time: partitioned against unpartitioned",
         "",
-        f"`{stored.get('command', '')}` on {machine.get('cpu', '?')}, {machine.get('nproc')} "
+        f"`bench/overhead.py` (last: `{stored.get('command', '')}`), {machine.get('nproc')} "
         "cores; medians of the timed steps. Logical CPU devices share the cores: about 1x "
-        "is the floor once compute dominates.",
+        "is the floor once compute dominates. Machines (column cpu): "
+        + "; ".join(f"{i + 1}: {m}" for i, m in enumerate(machines)) + ".",
         "",
-        markdown_table(["config", "devices", "sequential", "code", "unpartitioned ms",
+        markdown_table(["config", "devices", "sequential", "code", "cpu", "unpartitioned ms",
                         "partitioned ms", "ratio", "nodes", "nodes per device",
                         "search model B", "predicted B", "ledger B"], timing),
         "",
         "## Where the time goes (one traced step, ms summed over devices)",
         "",
         "Kernel time of the planner ops, of the rewrite's plumbing, of sources and "
-        "transfers; the executor's time around kernels; idle: each device's wall time not "
-        "busy. Tracing slows the step.",
+        "transfers; the executor's time: each node's time outside its kernel (* older rows: "
+        "busy time less kernel time, negative where a device's kernels overlapped); idle: "
+        "each device's wall time not busy. Tracing slows the step.",
         "",
         markdown_table(["config", "devices", "sequential", "code", "whole: traced",
                         "whole: ops",

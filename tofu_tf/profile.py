@@ -12,9 +12,11 @@ node's start and end (`RunMetadata.step_stats`). Each node is one of:
   partial results, identities that receive a region, scales;
 - `transfer`: TensorFlow's own Send/Recv between devices, and collectives;
 - `source`: constants, variable handles and reads, no-ops.
-Kernel time is a node's [op_start, op_end); a device's busy time is the union of its
-nodes' [start, end] (so the executor's per-node bookkeeping inside it counts); idle is the
-step's wall time less that. `write_chrome_trace` writes the same stats as a trace that
+Kernel time is a node's [op_start, op_end); the executor's time is what each node spends
+in its [start, end] outside its kernel (scheduling, allocation, bookkeeping); a device's
+busy time is the union of its nodes' [start, end]; idle is the step's wall time less
+that. Kernels that run at once on one device (inter-op threads) overlap in busy time, so
+busy can be less than kernel plus executor time. `write_chrome_trace` writes the same stats as a trace that
 TensorBoard's trace viewer and chrome://tracing open, one row per device.
 """
 
@@ -49,6 +51,7 @@ class DeviceTime:
     nodes: int
     busy_seconds: float                          # union of its nodes' intervals
     kernel_seconds: Mapping[str, float]          # per kind: summed kernel time
+    executor_seconds: float                      # summed node time outside its kernel
     first_start: float                           # seconds from the step's first node
     last_end: float
 
@@ -95,7 +98,7 @@ class StepProfile:
         wall time not busy)."""
         out = {kind: sum(d.kernel_seconds.get(kind, 0.0) for d in self.devices) for kind in KINDS}
         out["busy"] = sum(d.busy_seconds for d in self.devices)
-        out["executor"] = out["busy"] - sum(d.kernel_total for d in self.devices)
+        out["executor"] = sum(d.executor_seconds for d in self.devices)
         out["idle"] = len(self.devices) * self.wall_seconds - out["busy"]
         return out
 
@@ -122,8 +125,10 @@ class StepProfile:
 
 def _device_time(name, rows, op_nodes, origin) -> DeviceTime:
     kernel: dict[str, float] = defaultdict(float)
-    for _, node, op_type, _, op_start, op_end, _ in rows:
+    executor = 0
+    for _, node, op_type, start, op_start, op_end, stop in rows:
         kernel[node_kind(node, op_type, op_nodes)] += (op_end - op_start) * 1e-6
+        executor += (stop - start) - (op_end - op_start)
     busy, end = 0, None
     for _, _, _, start, _, _, stop in sorted(rows, key=lambda r: r[3]):
         if end is None or start > end:
@@ -132,7 +137,7 @@ def _device_time(name, rows, op_nodes, origin) -> DeviceTime:
         elif stop > end:
             busy += stop - end
             end = stop
-    return DeviceTime(name, len(rows), busy * 1e-6, dict(kernel),
+    return DeviceTime(name, len(rows), busy * 1e-6, dict(kernel), executor * 1e-6,
                       (min(r[3] for r in rows) - origin) * 1e-6,
                       (max(r[6] for r in rows) - origin) * 1e-6)
 
