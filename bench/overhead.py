@@ -6,7 +6,8 @@
 
 Each config (a reference model, graph-only, float32, SGD) runs `--steps` timed steps after
 `--warmup` untimed ones (medium configs: `--medium_steps`), unpartitioned in a one-device
-session and partitioned in a session with one logical CPU per device; a row per config and
+session and partitioned in a session with one logical CPU per device, the two timed in turn
+step by step (`timing` paired: both see the same load); a row per config and
 device count gives the medians, their ratio, the nodes per device, and where the time
 goes in one more step traced with TensorFlow's step stats (`tofu_tf.profile`): kernel
 time of the planner ops, of the rewrite's plumbing (slices, concats, sums of partial
@@ -26,7 +27,9 @@ from __future__ import annotations
 
 import importlib
 import os
+import statistics
 import sys
+import time
 from pathlib import Path
 
 from absl import app, flags
@@ -34,7 +37,7 @@ from absl import app, flags
 FLAGS = flags.FLAGS
 flags.DEFINE_string("configs", "", "comma-separated configs (default: all of CONFIGS)")
 flags.DEFINE_string("devices", "2,4,8", "comma-separated logical CPU device counts")
-flags.DEFINE_integer("steps", 20, "timed steps of a tiny config")
+flags.DEFINE_integer("steps", 100, "timed steps of a tiny config")
 flags.DEFINE_integer("medium_steps", 3, "timed steps of a medium config")
 flags.DEFINE_integer("warmup", 3, "untimed steps first (medium: 1)")
 flags.DEFINE_bool("sequential", True, "Options.sequential: chain each device's ops")
@@ -43,8 +46,7 @@ flags.DEFINE_string("label", "", "the code measured, kept with each row (default
                                  "commit of the tofu_tf package imported)")
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import (cpu, markdown_table, median_seconds, read_results,  # noqa: E402
-                    write_results)
+from common import cpu, markdown_table, read_results, write_results  # noqa: E402
 
 # name -> (model, build keywords, medium)
 CONFIGS = {
@@ -89,35 +91,56 @@ def measure(config: str, device_counts: list[int]) -> list[dict]:
     feeds = dict(zip(step.feeds, step.sample_batch(0)))
     with SingleDevice(step.graph_def, step.init_op, step.fetches) as single_device:
         values = single_device.values()
-        single = median_seconds(lambda: single_device.run(feeds), steps, warmup)
         whole = StepProfile.of(step_stats(single_device.session, step.fetches, feeds)[0])
-    rows = []
-    for devices in device_counts:
-        optimized = optimize(step.graph_def, step.fetches, feeds=list(step.feeds),
-                             num_devices=devices,
-                             options=Options(sequential=FLAGS.sequential))
-        with Runner(optimized, values) as runner:
-            parted = median_seconds(lambda: runner.run(feeds), steps, warmup)
-            stats, _ = step_stats(runner.session, optimized.fetches, feeds)
-        profile = StepProfile.of(stats, optimized.op_nodes)
-        rows.append({
-            "config": config, "model": model, "medium": medium, "devices": devices,
-            "code": code_label(), "cpu": cpu(),
-            "sequential": FLAGS.sequential, "steps": steps,
-            "single_seconds": single, "partitioned_seconds": parted,
-            "ratio": parted / single,
-            "nodes_single": len(step.graph_def.node),
-            "nodes_partitioned": len(optimized.graph_def.node),
-            "nodes_per_device": len(optimized.graph_def.node) / devices,
-            "profile": {"traced_seconds": profile.wall_seconds, **profile.totals()},
-            "profile_single": {"traced_seconds": whole.wall_seconds, **whole.totals()},
-            "bars": profile.bars(40),
-            "plan_bytes": optimized.plan.total_bytes,
-            "predicted_bytes": optimized.plan.predicted_bytes,
-            "ledger_step_bytes": optimized.ledger.step_bytes})
-        print(f"{config} @{devices}: {1e3 * single:.2f} ms -> {1e3 * parted:.2f} ms "
-              f"({parted / single:.2f}x), {len(optimized.graph_def.node)} nodes", flush=True)
+        rows = []
+        for devices in device_counts:
+            optimized = optimize(step.graph_def, step.fetches, feeds=list(step.feeds),
+                                 num_devices=devices,
+                                 options=Options(sequential=FLAGS.sequential))
+            with Runner(optimized, values) as runner:
+                single, parted = paired_medians(lambda: single_device.run(feeds),
+                                                lambda: runner.run(feeds), steps, warmup)
+                stats, _ = step_stats(runner.session, optimized.fetches, feeds)
+            rows.append(_row(config, model, medium, devices, steps, step, optimized, whole,
+                             StepProfile.of(stats, optimized.op_nodes), single, parted))
     return rows
+
+
+def paired_medians(first, second, steps: int, warmup: int) -> tuple[float, float]:
+    """Median wall seconds of `first()` and of `second()`, timed in turn step by step, so
+    that both see the same load on a noisy machine."""
+    for _ in range(warmup):
+        first()
+        second()
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(steps):
+        for run, out in ((first, times[0]), (second, times[1])):
+            start = time.perf_counter()
+            run()
+            out.append(time.perf_counter() - start)
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
+def _row(config, model, medium, devices, steps, step, optimized, whole, profile, single,
+         parted) -> dict:
+    row = {
+        "config": config, "model": model, "medium": medium, "devices": devices,
+        "code": code_label(), "cpu": cpu(),
+        "sequential": FLAGS.sequential, "steps": steps,
+        "single_seconds": single, "partitioned_seconds": parted,
+        "ratio": parted / single,
+        "nodes_single": len(step.graph_def.node),
+        "nodes_partitioned": len(optimized.graph_def.node),
+        "nodes_per_device": len(optimized.graph_def.node) / devices,
+        "profile": {"traced_seconds": profile.wall_seconds, **profile.totals()},
+        "profile_single": {"traced_seconds": whole.wall_seconds, **whole.totals()},
+        "bars": profile.bars(40),
+        "plan_bytes": optimized.plan.total_bytes,
+        "predicted_bytes": optimized.plan.predicted_bytes,
+        "ledger_step_bytes": optimized.ledger.step_bytes, "timing": "paired"}
+    print(f"{config} @{devices}: {1e3 * single:.2f} ms -> {1e3 * parted:.2f} ms "
+          f"({parted / single:.2f}x), {len(optimized.graph_def.node)} nodes", flush=True)
+    return row
 
 
 def _ms(seconds: float) -> str:
@@ -130,7 +153,7 @@ def table(stored: dict) -> str:
         r["devices"], not r["sequential"], r.get("code", "")))
     machines = sorted({r["cpu"] for r in rows})
     timing = [[r["config"], r["devices"], "on" if r["sequential"] else "off", r.get("code", "?"),
-               machines.index(r["cpu"]) + 1,
+               machines.index(r["cpu"]) + 1, r.get("timing", "blocks"),
                _ms(r["single_seconds"]), _ms(r["partitioned_seconds"]), f"{r['ratio']:.2f}",
                r["nodes_single"], f"{r['nodes_per_device']:.0f}", f"{r['plan_bytes']:.0f}",
                r["predicted_bytes"], r["ledger_step_bytes"]] for r in rows]
@@ -156,7 +179,8 @@ def table(stored: dict) -> str:
         "is the floor once compute dominates. Machines (column cpu): "
         + "; ".join(f"{i + 1}: {m}" for i, m in enumerate(machines)) + ".",
         "",
-        markdown_table(["config", "devices", "sequential", "code", "cpu", "unpartitioned ms",
+        markdown_table(["config", "devices", "sequential", "code", "cpu", "timing",
+                        "unpartitioned ms",
                         "partitioned ms", "ratio", "nodes", "nodes per device",
                         "search model B", "predicted B", "ledger B"], timing),
         "",
