@@ -6,8 +6,8 @@
 
 Each config (a reference model, graph-only, float32, SGD) runs `--steps` timed steps after
 `--warmup` untimed ones (medium configs: `--medium_steps`), unpartitioned in a one-device
-session and partitioned in a session with one logical CPU per device, the two timed in turn
-step by step (`timing` paired: both see the same load); a row per config and
+session and partitioned in a session with one logical CPU per device, the two timed in
+alternating blocks of steps (`timing` paired: both see the same load); a row per config and
 device count gives the medians, their ratio, the nodes per device, and where the time
 goes in one more step traced with TensorFlow's step stats (`tofu_tf.profile`): kernel
 time of the planner ops, of the rewrite's plumbing (slices, concats, sums of partial
@@ -106,18 +106,25 @@ def measure(config: str, device_counts: list[int]) -> list[dict]:
     return rows
 
 
-def paired_medians(first, second, steps: int, warmup: int) -> tuple[float, float]:
-    """Median wall seconds of `first()` and of `second()`, timed in turn step by step, so
-    that both see the same load on a noisy machine."""
+def paired_medians(first, second, steps: int, warmup: int, block: int = 10
+                   ) -> tuple[float, float]:
+    """Median wall seconds of `first()` and of `second()` over `steps` steps each, timed
+    in alternating blocks of `block` steps (the first step of a block untimed: the other
+    session's threads may still spin), so that both see the same load on a noisy
+    machine. Fewer steps than two blocks: alternate single steps."""
     for _ in range(warmup):
         first()
         second()
+    block = block if steps >= 2 * block else 1
     times: tuple[list[float], list[float]] = ([], [])
-    for _ in range(steps):
+    for _ in range(-(-steps // block)):
         for run, out in ((first, times[0]), (second, times[1])):
-            start = time.perf_counter()
-            run()
-            out.append(time.perf_counter() - start)
+            if block > 1:
+                run()
+            for _ in range(block):
+                start = time.perf_counter()
+                run()
+                out.append(time.perf_counter() - start)
     return statistics.median(times[0]), statistics.median(times[1])
 
 
