@@ -3,6 +3,7 @@
     python bench/overhead.py                        # tiny and medium configs at 2, 4, 8 devices
     python bench/overhead.py --configs=mlp,mlp-medium --devices=8 --steps=20
     python bench/overhead.py --sequential=false     # without the per-device control chain
+    python bench/overhead.py --replicate_below=4096 # tensors under 4096 elements may be whole
 
 Each config (a reference model, graph-only, float32, SGD) runs `--steps` timed steps after
 `--warmup` untimed ones (medium configs: `--medium_steps`), unpartitioned in a one-device
@@ -41,6 +42,8 @@ flags.DEFINE_integer("steps", 100, "timed steps of a tiny config")
 flags.DEFINE_integer("medium_steps", 3, "timed steps of a medium config")
 flags.DEFINE_integer("warmup", 3, "untimed steps first (medium: 1)")
 flags.DEFINE_bool("sequential", True, "Options.sequential: chain each device's ops")
+flags.DEFINE_integer("replicate_below", 0, "Options.replicate_below: tensors with fewer "
+                     "elements may be stored replicated (0: every tensor 1/N)")
 flags.DEFINE_bool("fresh", False, "drop the stored rows first")
 flags.DEFINE_string("label", "", "the code measured, kept with each row (default: the "
                                  "commit of the tofu_tf package imported)")
@@ -96,7 +99,8 @@ def measure(config: str, device_counts: list[int]) -> list[dict]:
         for devices in device_counts:
             optimized = optimize(step.graph_def, step.fetches, feeds=list(step.feeds),
                                  num_devices=devices,
-                                 options=Options(sequential=FLAGS.sequential))
+                                 options=Options(sequential=FLAGS.sequential,
+                                                 replicate_below=FLAGS.replicate_below))
             with Runner(optimized, values) as runner:
                 single, parted = paired_medians(lambda: single_device.run(feeds),
                                                 lambda: runner.run(feeds), steps, warmup)
@@ -133,7 +137,8 @@ def _row(config, model, medium, devices, steps, step, optimized, whole, profile,
     row = {
         "config": config, "model": model, "medium": medium, "devices": devices,
         "code": code_label(), "cpu": cpu(),
-        "sequential": FLAGS.sequential, "steps": steps,
+        "sequential": FLAGS.sequential, "replicate_below": FLAGS.replicate_below,
+        "steps": steps,
         "single_seconds": single, "partitioned_seconds": parted,
         "ratio": parted / single,
         "nodes_single": len(step.graph_def.node),
@@ -154,12 +159,19 @@ def _ms(seconds: float) -> str:
     return f"{1e3 * seconds:.2f}" if seconds < 10 else f"{1e3 * seconds:.0f}"
 
 
+def setting(row: dict) -> str:
+    """The options a row ran under: the per-device chain, and small tensors replicated."""
+    below = row.get("replicate_below", 0)
+    return (("seq" if row["sequential"] else "free")
+            + (f", replicated < {below}" if below else ""))
+
+
 def table(stored: dict) -> str:
     rows = sorted(stored["rows"].values(), key=lambda r: (
         r["medium"], list(CONFIGS).index(r["config"]) if r["config"] in CONFIGS else 99,
-        r["devices"], not r["sequential"], r.get("code", "")))
+        r["devices"], r.get("replicate_below", 0), not r["sequential"], r.get("code", "")))
     machines = sorted({r["cpu"] for r in rows})
-    timing = [[r["config"], r["devices"], "on" if r["sequential"] else "off", r.get("code", "?"),
+    timing = [[r["config"], r["devices"], setting(r), r.get("code", "?"),
                machines.index(r["cpu"]) + 1, r.get("timing", "blocks"),
                _ms(r["single_seconds"]), _ms(r["partitioned_seconds"]), f"{r['ratio']:.2f}",
                r["nodes_single"], f"{r['nodes_per_device']:.0f}", f"{r['plan_bytes']:.0f}",
@@ -172,7 +184,7 @@ def table(stored: dict) -> str:
     where = []
     for r in rows:
         p, s = r["profile"], r["profile_single"]
-        where.append([r["config"], r["devices"], "on" if r["sequential"] else "off",
+        where.append([r["config"], r["devices"], setting(r),
                       r.get("code", "?"),
                       _ms(s["traced_seconds"]), _ms(s["op"]), executor(s),
                       _ms(p["traced_seconds"]), _ms(p["op"]), _ms(p["rewrite"]),
@@ -183,10 +195,13 @@ def table(stored: dict) -> str:
         "",
         f"`bench/overhead.py` (last: `{stored.get('command', '')}`), {machine.get('nproc')} "
         "cores; medians of the timed steps. Logical CPU devices share the cores: about 1x "
-        "is the floor once compute dominates. Machines (column cpu): "
+        "is the floor once compute dominates. Options: seq/free, `Options.sequential` on/off (a "
+        "control chain through each device's ops); replicated < n, `Options.replicate_below`"
+        " = n (smaller tensors may be stored whole on every device; default 0: every tensor "
+        "1/N). Machines (column cpu): "
         + "; ".join(f"{i + 1}: {m}" for i, m in enumerate(machines)) + ".",
         "",
-        markdown_table(["config", "devices", "sequential", "code", "cpu", "timing",
+        markdown_table(["config", "devices", "options", "code", "cpu", "timing",
                         "unpartitioned ms",
                         "partitioned ms", "ratio", "nodes", "nodes per device",
                         "search model B", "predicted B", "ledger B"], timing),
@@ -198,7 +213,7 @@ def table(stored: dict) -> str:
         "busy time less kernel time, negative where a device's kernels overlapped); idle: "
         "each device's wall time not busy. Tracing slows the step.",
         "",
-        markdown_table(["config", "devices", "sequential", "code", "whole: traced",
+        markdown_table(["config", "devices", "options", "code", "whole: traced",
                         "whole: ops",
                         "whole: executor", "traced", "ops", "plumbing", "sources",
                         "executor", "idle"], where)])
@@ -214,6 +229,7 @@ def main(argv) -> int:
     for config in configs:
         for row in measure(config, devices):
             key = (f"{row['config']}@{row['devices']}:{'seq' if row['sequential'] else 'free'}"
+                   + (f":rb{row['replicate_below']}" if row["replicate_below"] else "")
                    f":{row['code']}")
             stored["rows"][key] = row
         write_results("overhead", stored, table)
