@@ -230,7 +230,7 @@ def main(argv) -> int:
         for row in measure(config, devices):
             key = (f"{row['config']}@{row['devices']}:{'seq' if row['sequential'] else 'free'}"
                    + (f":rb{row['replicate_below']}" if row["replicate_below"] else "")
-                   f":{row['code']}")
+                   + f":{row['code']}")
             stored["rows"][key] = row
         write_results("overhead", stored, table)
     print(table(stored))
