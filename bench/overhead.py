@@ -94,8 +94,7 @@ def measure(config: str, device_counts: list[int]) -> list[dict]:
     feeds = dict(zip(step.feeds, step.sample_batch(0)))
     with SingleDevice(step.graph_def, step.init_op, step.fetches) as single_device:
         values = single_device.values()
-        whole = StepProfile.of(step_stats(single_device.session, step.fetches, feeds)[0])
-        rows = []
+        whole, rows = None, []
         for devices in device_counts:
             optimized = optimize(step.graph_def, step.fetches, feeds=list(step.feeds),
                                  num_devices=devices,
@@ -105,6 +104,9 @@ def measure(config: str, device_counts: list[int]) -> list[dict]:
                 single, parted = paired_medians(lambda: single_device.run(feeds),
                                                 lambda: runner.run(feeds), steps, warmup)
                 stats, _ = step_stats(runner.session, optimized.fetches, feeds)
+            if whole is None:          # traced warm, as the partitioned step is
+                whole = StepProfile.of(step_stats(single_device.session, step.fetches,
+                                                  feeds)[0])
             rows.append(_row(config, model, medium, devices, steps, step, optimized, whole,
                              StepProfile.of(stats, optimized.op_nodes), single, parted))
     return rows
