@@ -89,7 +89,7 @@ def median_seconds(run, repeats: int, warmup: int = 2) -> float:
 def load(model: str, sizes: dict):
     """(planner graph, build + import seconds) of a graph-only model."""
     from tofu_tf.models import build
-    from tofu_tf.rewrite.graphdef_io import import_graph_def
+    from tofu_tf.importer.graphdef_io import import_graph_def
     start = time.perf_counter()
     step = build(model, optimizer="sgd", graph_only=True, initializers=False, **sizes)
     graph = import_graph_def(step.graph_def, step.fetches).graph

@@ -1,11 +1,11 @@
-"""Differential fuzzing at scale: random training steps (tofu_tf/fuzz.py) on random device
+"""Differential fuzzing at scale: random training steps (tofu_tf/tools/fuzz.py) on random device
 counts, partitioned against unpartitioned.
 
     python bench/fuzz.py --examples=2000 --first_seed=100000
 
 Writes bench/results/fuzz.{json,md}: examples run, mismatches (wrong numbers), errors (a
 TofuError or any other exception), each with its seed, device count and ops, so that
-`python -c "from tofu_tf.fuzz import *; ..."` replays it; and the op types covered.
+`python -c "from tofu_tf.tools.fuzz import *; ..."` replays it; and the op types covered.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def devices_for(seed: int) -> int:
 
 
 def run(examples: int, first_seed: int, max_ops: int) -> dict:
-    from tofu_tf.fuzz import RandomChooser, check, random_step
+    from tofu_tf.tools.fuzz import RandomChooser, check, random_step
     failures, op_types = [], collections.Counter()
     start = time.perf_counter()
     for seed in range(first_seed, first_seed + examples):

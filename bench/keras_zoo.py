@@ -6,11 +6,11 @@
 Every Keras application and keras_hub backbone of `tofu_tf.models.keras_models` (tiny
 sizes, batch 8, SGD(0.05, momentum=0.9)) trains `--steps` steps through
 `tofu_tf.function(num_devices=N)` and through `tf.function` from the same weights and
-batches (`tofu_tf.zoo.train_side_by_side`), each row in a fresh process. Outcomes: `equal`
+batches (`tofu_tf.tools.zoo.train_side_by_side`), each row in a fresh process. Outcomes: `equal`
 (loss within 1e-5 relative, every variable within 1e-4 of its scale), `rounding` (float32
 beyond that, but no further than the unpartitioned model drifts from weights one unit in
 the last place off, the yardstick), `DIFFERS`, or the typed error raised. A float32 row
-that is not equal is also judged one step op by op (`tofu_tf.debug`): "rounding only", or
+that is not equal is also judged one step op by op (`tofu_tf.tools.debug`): "rounding only", or
 the op to blame. MobileNetV2 also runs at 64x64, the size it was first reported wrong at.
 Results go to bench/results/keras_zoo.{json,md}; rows already there are kept unless
 `--fresh` (or named again).
@@ -61,7 +61,7 @@ def _key(row: str) -> str:
 def run_child(row: str) -> dict:
     """One row in this process: the side-by-side training, and the one-step judgement
     of a float32 row that is not equal."""
-    from tofu_tf.zoo import train_side_by_side
+    from tofu_tf.tools.zoo import train_side_by_side
     name_size, dtype = row.split(":")
     name, _, size = name_size.partition("@")
     size = int(size) if size else 32
@@ -72,7 +72,7 @@ def run_child(row: str) -> dict:
     result["image_size"] = size
     if dtype == "float32" and result["outcome"] not in ("equal",) and \
             not result["outcome"].startswith("error"):
-        from tofu_tf.debug import compare_step, model_case
+        from tofu_tf.tools.debug import compare_step, model_case
         case = model_case(name, steps=1, dtype=dtype, image_size=size)
         report = compare_step(case.imported, FLAGS.devices, case.batches, case.values)
         result["one_step"] = ("equal" if report.equal else "rounding only"
@@ -84,8 +84,8 @@ def run_child(row: str) -> dict:
 
 def validate_child(name: str, size: int) -> dict:
     """The validator over the model's graph (`validate_graph`), float64."""
-    from tofu_tf.debug import model_case
-    from tofu_tf.op_semantics.validate import validate_graph
+    from tofu_tf.tools.debug import model_case
+    from tofu_tf.tools.validate import validate_graph
     start = time.perf_counter()
     try:
         case = model_case(name, steps=1, dtype="float64", image_size=size)
@@ -163,7 +163,7 @@ def table(stored: dict) -> str:
         "the largest relative loss difference over the steps, the largest variable "
         "difference over its scale (weights and momenta). Yardstick: the unpartitioned "
         "training from weights one unit in the last place off (float32). One step: "
-        "`tofu_tf.debug` judging one step op by op (float32 rows not equal).",
+        "`tofu_tf.tools.debug` judging one step op by op (float32 rows not equal).",
         "",
         f"Outcomes: {summary}.",
         "",
@@ -176,7 +176,7 @@ def table(stored: dict) -> str:
         "`python bench/keras_zoo.py --validate`: every distinct described op of the "
         "model's training graph (float64), each strategy at k = 2, 3, 4 on the values "
         "its inputs had in one step, against the whole op "
-        "(`tofu_tf.op_semantics.validate.validate_graph`).",
+        "(`tofu_tf.tools.validate.validate_graph`).",
         "",
         markdown_table(["model", "input", "outcome", "op instances", "strategies",
                         "checks", "s"], checked)])

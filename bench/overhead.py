@@ -10,7 +10,7 @@ Each config (a reference model, graph-only, float32, SGD) runs `--steps` timed s
 session and partitioned in a session with one logical CPU per device, the two timed in
 alternating blocks of steps (`timing` paired: both see the same load); a row per config and
 device count gives the medians, their ratio, the nodes per device, and where the time
-goes in one more step traced with TensorFlow's step stats (`tofu_tf.profile`): kernel
+goes in one more step traced with TensorFlow's step stats (`tofu_tf.runtime.profile`): kernel
 time of the planner ops, of the rewrite's plumbing (slices, concats, sums of partial
 results, identities) and of sources, the executor's time around the kernels, and the
 devices' idle time (each device's wall time not busy), all summed over devices. Logical
@@ -86,8 +86,8 @@ def measure(config: str, device_counts: list[int]) -> list[dict]:
     from tofu_tf.api import optimize
     from tofu_tf.models import build
     from tofu_tf.options import Options
-    from tofu_tf.profile import StepProfile, step_stats
-    from tofu_tf.runtime import Runner, SingleDevice
+    from tofu_tf.runtime.profile import StepProfile, step_stats
+    from tofu_tf.runtime.session import Runner, SingleDevice
     model, sizes, medium = CONFIGS[config]
     steps, warmup = (FLAGS.medium_steps, 1) if medium else (FLAGS.steps, FLAGS.warmup)
     step = build(model, optimizer="sgd", graph_only=True, **sizes)

@@ -35,7 +35,7 @@ def child(layers: int, time_limit: float) -> None:
     from tofu_tf.errors import TofuError
     from tofu_tf.models import build
     from tofu_tf.options import Options
-    from tofu_tf.rewrite.graphdef_io import import_graph_def
+    from tofu_tf.importer.graphdef_io import import_graph_def
     from tofu_tf.search.plan import make_plan
     from tofu_tf.search.topology import Topology
     start = time.perf_counter()

@@ -92,7 +92,7 @@ END_TO_END = {
 def end_to_end_child(name: str) -> None:
     importlib.import_module("tensorflow")   # TensorFlow's own import is not in the figure
     from tofu_tf.models import build
-    from tofu_tf.rewrite.graphdef_io import import_graph_def
+    from tofu_tf.importer.graphdef_io import import_graph_def
     from tofu_tf.search.plan import make_plan
     from tofu_tf.search.topology import Topology
     model, sizes, _, _ = END_TO_END[name]

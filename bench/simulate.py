@@ -38,7 +38,7 @@ flags.DEFINE_integer("steps", 30, "timed steps")
 
 def machine_peaks() -> tuple[float, float]:
     import tensorflow as tf
-    from tofu_tf.runtime import session_config
+    from tofu_tf.runtime.session import session_config
     graph = tf.Graph()
     with graph.as_default():
         a = tf.random.normal([2048, 2048])
@@ -60,7 +60,7 @@ def machine_peaks() -> tuple[float, float]:
 def measure(model: str) -> dict:
     from tofu_tf.api import optimize
     from tofu_tf.models import build
-    from tofu_tf.runtime import Runner, SingleDevice
+    from tofu_tf.runtime.session import Runner, SingleDevice
     step = build(model, optimizer="sgd", graph_only=True, batch_size=8)
     feeds = dict(zip(step.feeds, step.sample_batch(0)))
     with SingleDevice(step.graph_def, step.init_op, step.fetches) as single:

@@ -56,7 +56,7 @@ def write_plan(plan, title: str = "", baselines=None, profile=None) -> None:
         with open(FLAGS.plan_out, "w") as f:
             f.write(plan.to_json())
     if FLAGS.report:
-        from tofu_tf.report import html_report
+        from tofu_tf.tools.report import html_report
         with open(FLAGS.report, "w") as f:
             f.write(html_report(plan, title=title or f"{FLAGS.model} plan",
                                 baselines=baselines, profile=profile))

@@ -7,7 +7,7 @@
     optimized.ledger         # every cross-device transfer
 
 The result's variables are shards (one VarHandleOp per device, `optimized.shards`);
-`tofu_tf.runtime` initialises them from unpartitioned values and reads them back.
+`tofu_tf.runtime.session` initialises them from unpartitioned values and reads them back.
 
 `@tofu_tf.function` runs a Python training step partitioned:
 
@@ -42,12 +42,12 @@ from tofu_tf.graph import Graph
 from tofu_tf.op_semantics.catalog import catalog, missing_types
 from tofu_tf.options import Options
 from tofu_tf.rewrite.emit import Shard, cpu_devices, emit, partition_of, uses_v2
-from tofu_tf.rewrite.graphdef_io import (ImportedGraph, import_concrete_function,
+from tofu_tf.importer.graphdef_io import (ImportedGraph, import_concrete_function,
                                          import_graph_def)
 from tofu_tf.rewrite.ledger import Ledger
 from tofu_tf.rewrite.pricing import predict_bytes
 from tofu_tf.rewrite.verify import verify
-from tofu_tf.runtime import Runner
+from tofu_tf.runtime.session import Runner
 from tofu_tf.search.plan import Plan, make_plan
 from tofu_tf.search.reuse import check_plan
 from tofu_tf.search.topology import Topology, check_fits

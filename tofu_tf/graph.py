@@ -1,6 +1,6 @@
 """The planner's graph: plain Python values, no TensorFlow.
 
-`rewrite/graphdef_io.py` builds a `Graph` from a GraphDef or a concrete function; every
+`importer/graphdef_io.py` builds a `Graph` from a GraphDef or a concrete function; every
 later stage (semantics, search, plan) reads only this. A `Graph` is immutable once built:
 ops are kept in a topological order, every tensor has a static shape and a dtype name,
 and small constant values (shape arguments, axes, perms) are kept as NumPy arrays.

@@ -35,7 +35,7 @@ flags.DEFINE_string("diff", None, "compare two plans (Plan JSON from --plan_out)
 def build_graph(model: str, batch_size: int, optimizer: str, sizes: dict):
     """The model's training step, imported (planner graph and GraphDef), without weights."""
     from tofu_tf.models import build
-    from tofu_tf.rewrite.graphdef_io import import_graph_def
+    from tofu_tf.importer.graphdef_io import import_graph_def
     step = build(model, optimizer=optimizer, batch_size=batch_size, graph_only=True,
                  initializers=False, **sizes)
     return import_graph_def(step.graph_def, step.fetches)
@@ -65,7 +65,7 @@ def report(plan, graph, topology, *, with_baselines: bool, with_ilp: bool,
 
 
 def diff(paths: list[str]) -> int:
-    from tofu_tf.report import plan_diff
+    from tofu_tf.tools.report import plan_diff
     from tofu_tf.search.plan import Plan
     if len(paths) != 2:
         print("error: --diff takes two plan files: --diff a.json b.json", file=sys.stderr)

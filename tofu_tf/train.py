@@ -17,7 +17,7 @@ Bad input (a budget no plan meets, a device count that does not fit) exits with 
 and the error's message.
 
 Across processes (TensorFlow's distributed runtime): the topology's first level is the
-hosts, one worker process each (`python -m tofu_tf.cluster`). `--local_cluster` starts them
+hosts, one worker process each (`python -m tofu_tf.runtime.cluster`). `--local_cluster` starts them
 on 127.0.0.1 and stops them at the end; `--cluster` names workers already running. The step
 runs from this process through a Session on worker 0. A worker that fails ends the run within
 --step_timeout seconds with status 2; `--checkpoint_dir` keeps the variables of the last
@@ -36,7 +36,7 @@ from absl import app, flags, logging
 
 from tofu_tf import _cli
 from tofu_tf._cli import FLAGS, model_sizes
-from tofu_tf.cluster import LocalCluster, guard, session_config
+from tofu_tf.runtime.cluster import LocalCluster, guard, session_config
 from tofu_tf.errors import PlanInfeasibleError, TofuError, WorkerError, tf_error_cause
 
 flags.DEFINE_integer("steps", 5, "training steps to run")
@@ -52,7 +52,7 @@ flags.DEFINE_integer("seed", 0, "seed of the initial values and the synthetic ba
 flags.DEFINE_bool("local_cluster", False,
                   "start one worker process per host (the topology's first level) on "
                   "127.0.0.1, train through TensorFlow's distributed runtime, stop them")
-flags.DEFINE_list("cluster", None, "host:port of running workers (python -m tofu_tf.cluster), "
+flags.DEFINE_list("cluster", None, "host:port of running workers (python -m tofu_tf.runtime.cluster), "
                                    "one per host of the topology's first level")
 flags.DEFINE_float("step_timeout", 300.0, "seconds a step on a cluster may take")
 flags.DEFINE_string("checkpoint_dir", None, "save the variables here (tf.train.Checkpoint)")
@@ -92,7 +92,7 @@ def _topology():
                               "use running ones.")
     if FLAGS.local_cluster and FLAGS.device_type == "gpu":
         raise WorkerError("--local_cluster starts logical-CPU workers only.",
-                          fix="start `python -m tofu_tf.cluster` on each GPU host and pass "
+                          fix="start `python -m tofu_tf.runtime.cluster` on each GPU host and pass "
                               "--cluster, or use --device_type=cpu.")
     topology = topology.with_hosts(1)
     if FLAGS.cluster and len(FLAGS.cluster) != topology.num_hosts:
@@ -125,10 +125,10 @@ def _cluster(topology) -> Iterator[tuple[str, object, Callable]]:
 def train() -> int:
     import numpy as np
 
-    from tofu_tf import checkpoint
+    from tofu_tf.runtime import checkpoint
     from tofu_tf.api import optimize
     from tofu_tf.models import build
-    from tofu_tf.runtime import Runner, SingleDevice
+    from tofu_tf.runtime.session import Runner, SingleDevice
 
     topology = _topology()
     start = time.perf_counter()
@@ -210,7 +210,7 @@ def train() -> int:
 def _traced_step(runner, batch, optimized, topology):
     """The step with TensorFlow's step stats: logged per device, and in the --report page.
     Returns (the loss, the stats)."""
-    from tofu_tf.profile import StepProfile, traced
+    from tofu_tf.runtime.profile import StepProfile, traced
     run_args = traced()
     loss = float(runner.run(batch, **run_args)[0])
     stats = run_args["run_metadata"].step_stats
@@ -224,7 +224,7 @@ def _traced_step(runner, batch, optimized, topology):
 def _profiled_step(runner, batch, stats) -> float:
     """The step under TensorFlow's profiler, written to --profile_dir with `stats` (the
     traced step's) beside it as a trace with a row per device. Returns the loss."""
-    from tofu_tf.profile import write_profile
+    from tofu_tf.runtime.profile import write_profile
     path, loss = write_profile(FLAGS.profile_dir, lambda: runner.run(batch)[0], stats)
     logging.info("wrote the profile to %s (tensorboard --logdir=%s)", path.parent,
                  FLAGS.profile_dir)

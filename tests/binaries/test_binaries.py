@@ -29,7 +29,7 @@ def test_train_matches_the_unpartitioned_step(tmp_path):
 
 
 def test_train_writes_a_profile_naming_every_devices_ops(tmp_path):
-    from tofu_tf.profile import trace_devices
+    from tofu_tf.runtime.profile import trace_devices
     report = tmp_path / "plan.html"
     run = _run("tofu_tf.train", "--model=mlp", "--num_devices=4", "--steps=3",
                f"--profile_dir={tmp_path}", f"--report={report}")

@@ -11,7 +11,7 @@ import pytest
 
 from tofu_tf.cc import build, cost_op
 from tofu_tf.errors import TofuError
-from tofu_tf.search.cost import overlaps_numpy
+from tofu_tf.cc.reference import overlaps_numpy
 
 tf = pytest.importorskip("tensorflow")
 

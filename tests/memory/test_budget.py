@@ -8,9 +8,9 @@ from tofu_tf.api import optimize
 from tofu_tf.errors import PlanInfeasibleError, TofuError
 from tofu_tf.models import build
 from tofu_tf.options import Options
-from tofu_tf.rewrite.graphdef_io import import_graph_def
+from tofu_tf.importer.graphdef_io import import_graph_def
 from tofu_tf.rewrite.memory import measure, persistent_bytes
-from tofu_tf.runtime import Runner, SingleDevice
+from tofu_tf.runtime.session import Runner, SingleDevice
 from tofu_tf.search.plan import Plan, make_plan
 
 

@@ -8,10 +8,10 @@ import tensorflow as tf
 
 from tofu_tf.api import optimize
 from tofu_tf.models import build
-from tofu_tf.rewrite.graphdef_io import import_graph_def
+from tofu_tf.importer.graphdef_io import import_graph_def
 from tofu_tf.rewrite.memory import estimate, measure, persistent_bytes
 from tofu_tf.rewrite.schedule import sequence_devices
-from tofu_tf.runtime import Runner, SingleDevice
+from tofu_tf.runtime.session import Runner, SingleDevice
 from tofu_tf.search.memory import single_device_peak
 
 MODELS = ["mlp", "wresnet", "lstm", "transformer"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tofu_tf.models import build
 from tofu_tf.options import Options
-from tofu_tf.rewrite.graphdef_io import import_graph_def
+from tofu_tf.importer.graphdef_io import import_graph_def
 from tofu_tf.search.plan import make_plan
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tofu_tf.models import build
-from tofu_tf.rewrite.graphdef_io import import_graph_def
+from tofu_tf.importer.graphdef_io import import_graph_def
 
 MODELS = {"mlp": {}, "transformer": {"layers": 3}, "wresnet": {"depth": 38}, "lstm": {}}
 

@@ -9,7 +9,7 @@ import pytest
 import tofu_tf
 from tofu_tf.errors import GraphImportError
 from tofu_tf.models.keras_models import build_keras_step
-from tofu_tf.zoo import LOSS_TOLERANCE, VARIABLE_TOLERANCE, train_side_by_side
+from tofu_tf.tools.zoo import LOSS_TOLERANCE, VARIABLE_TOLERANCE, train_side_by_side
 
 FAST = ("mobilenetv2", "llama", "albert", "deberta_v3")
 

@@ -11,8 +11,8 @@ import pytest
 from tofu_tf.errors import TofuError
 from tofu_tf.models import build, common
 from tofu_tf.models.common import VariableStore
-from tofu_tf.rewrite.graphdef_io import import_graph_def
-from tofu_tf.runtime import SingleDevice
+from tofu_tf.importer.graphdef_io import import_graph_def
+from tofu_tf.runtime.session import SingleDevice
 from tofu_tf.search.plan import make_plan
 from tofu_tf.search.topology import Topology
 

@@ -246,7 +246,7 @@ def test_avg_pool_grad_same_hook_stays_inside_the_derived_region(size, k, stride
 def test_random_geometries_validate(op, size, k, stride, padding):
     import tensorflow as tf
     from tofu_tf.op_semantics.samples import Sample, arg, const
-    from tofu_tf.op_semantics.validate import validate_sample
+    from tofu_tf.tools.validate import validate_sample
     if padding == "VALID" and size < k:
         return
     out = -(-size // stride) if padding == "SAME" else (size - k) // stride + 1

@@ -13,12 +13,12 @@ import time
 import numpy as np
 import pytest
 
-from tofu_tf import checkpoint
+from tofu_tf.runtime import checkpoint
 from tofu_tf.api import optimize
-from tofu_tf.cluster import LocalCluster, cluster_from_tf_config, worker_error
+from tofu_tf.runtime.cluster import LocalCluster, cluster_from_tf_config, worker_error
 from tofu_tf.errors import WorkerError, tf_error_cause
 from tofu_tf.models import build
-from tofu_tf.runtime import Runner, SingleDevice
+from tofu_tf.runtime.session import Runner, SingleDevice
 from tofu_tf.search.topology import Topology
 
 from equivalence import compare
@@ -91,7 +91,7 @@ def test_workers_end_by_themselves_when_their_parent_is_killed(tmp_path):
     see their stdin close and exit."""
     script = textwrap.dedent("""
         import sys, time
-        from tofu_tf.cluster import LocalCluster
+        from tofu_tf.runtime.cluster import LocalCluster
         local = LocalCluster(2, 1)
         print(" ".join(str(p.pid) for p in local.processes), flush=True)
         time.sleep(600)

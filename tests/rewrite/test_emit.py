@@ -91,7 +91,7 @@ def test_runs_through_wrap_function():
     variables on the 8 logical CPUs, with the same numbers as the Session."""
     from tofu_tf.api import optimize
     from tofu_tf.models import build
-    from tofu_tf.runtime import WrappedRunner
+    from tofu_tf.runtime.session import WrappedRunner
     from equivalence import reference
     step = build("transformer", optimizer="adam", graph_only=True, batch_size=8,
                  dtype="float64")

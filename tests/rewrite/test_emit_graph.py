@@ -91,7 +91,7 @@ def test_chained_in_place_as_sequence_devices(wresnet):
     """The emitter's own device chains are the ones `sequence_devices` adds afterwards."""
     from tofu_tf.op_semantics.catalog import catalog
     from tofu_tf.rewrite.emit import emit
-    from tofu_tf.rewrite.graphdef_io import import_graph_def
+    from tofu_tf.importer.graphdef_io import import_graph_def
     from tofu_tf.rewrite.schedule import sequence_devices
     step = build("wresnet", optimizer="adam", graph_only=True, batch_size=8, dtype="float64")
     imported = import_graph_def(step.graph_def, list(step.fetches), feeds=list(step.feeds))

@@ -10,7 +10,7 @@ from tofu_tf.errors import RewriteError
 from tofu_tf.models import build
 from tofu_tf.op_semantics.catalog import catalog
 from tofu_tf.rewrite import emit as emit_module
-from tofu_tf.rewrite.graphdef_io import import_graph_def
+from tofu_tf.importer.graphdef_io import import_graph_def
 from tofu_tf.search.plan import Plan, make_plan
 from tofu_tf.search.topology import Topology
 

@@ -6,7 +6,7 @@ import numpy as np
 
 from tofu_tf.api import optimize
 from tofu_tf.models import build
-from tofu_tf.runtime import Runner, SingleDevice
+from tofu_tf.runtime.session import Runner, SingleDevice
 
 RTOL, ATOL = 1e-9, 1e-12            # float64
 

@@ -13,7 +13,7 @@ from tofu_tf.api import optimize
 from tofu_tf.errors import (DynamicShapeError, GraphImportError, KeptWholeWarning,
                             PlanInfeasibleError, RewriteError, TofuError, UnsupportedOpError)
 from tofu_tf.models import build
-from tofu_tf.runtime import Runner
+from tofu_tf.runtime.session import Runner
 
 
 def _graph(build_fn):

@@ -1,4 +1,4 @@
-"""Differential fuzzing in CI: hypothesis draws random training steps (tofu_tf/fuzz.py)
+"""Differential fuzzing in CI: hypothesis draws random training steps (tofu_tf/tools/fuzz.py)
 and device counts; partitioned must equal unpartitioned. The larger run is
 `python bench/fuzz.py` (bench/results/fuzz.md)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tofu_tf.fuzz import check, random_step
+from tofu_tf.tools.fuzz import check, random_step
 
 
 class HypothesisChooser:

@@ -76,5 +76,5 @@ def test_an_op_the_graph_lacks_is_named(transformer):
 
 
 def _graph_order(step) -> list[str]:
-    from tofu_tf.rewrite.graphdef_io import import_graph_def
+    from tofu_tf.importer.graphdef_io import import_graph_def
     return [op.name for op in import_graph_def(step.graph_def, step.fetches).graph]

@@ -5,7 +5,7 @@ import pytest
 from tofu_tf.models import build
 from tofu_tf.op_semantics.analysis import REPLICATED, Split
 from tofu_tf.op_semantics.catalog import catalog
-from tofu_tf.rewrite.graphdef_io import import_concrete_function
+from tofu_tf.importer.graphdef_io import import_concrete_function
 from tofu_tf.search import baselines
 from tofu_tf.search.baselines import BASELINES, data_parallel
 from tofu_tf.search.cost import ALL_REDUCE_FACTOR

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from tofu_tf.op_semantics.analysis import REPLICATED, Partial, Split
-from tofu_tf.search.cost import CostModel, overlaps_numpy, tensor_states
+from tofu_tf.cc.reference import overlaps_numpy
+from tofu_tf.search.cost import CostModel, tensor_states
 
 
 def _rows(k, n=8, cols=6):

@@ -13,7 +13,7 @@ from tofu_tf.models import build
 from tofu_tf.op_semantics.analysis import REPLICATED, Split
 from tofu_tf.op_semantics.catalog import catalog
 from tofu_tf.options import Options, VariableStorage
-from tofu_tf.rewrite.graphdef_io import import_concrete_function
+from tofu_tf.importer.graphdef_io import import_concrete_function
 from tofu_tf.search import dp
 from tofu_tf.search.coarsen import CoarseGraph
 from tofu_tf.search.exact import (JointMethod, Linearisation, ilp_level, ilp_minimum,

@@ -11,7 +11,7 @@ from tofu_tf import _forking
 from tofu_tf.errors import PlanInfeasibleError
 from tofu_tf.models import build
 from tofu_tf.options import Options, VariableStorage
-from tofu_tf.rewrite.graphdef_io import import_concrete_function
+from tofu_tf.importer.graphdef_io import import_concrete_function
 from tofu_tf.search import recursive
 from tofu_tf.search.plan import make_plan
 from tofu_tf.search.topology import Topology

@@ -6,7 +6,7 @@ import pytest
 from tofu_tf.graph import Role
 from tofu_tf.models import build
 from tofu_tf.op_semantics.catalog import catalog
-from tofu_tf.rewrite.graphdef_io import import_concrete_function
+from tofu_tf.importer.graphdef_io import import_concrete_function
 from tofu_tf.search.coarsen import coarsen
 from tofu_tf.search.plan import Plan, make_plan
 from tofu_tf.search.recursive import level_models, search

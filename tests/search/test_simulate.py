@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from tofu_tf.op_semantics.catalog import catalog
-from tofu_tf.rewrite.graphdef_io import import_concrete_function
+from tofu_tf.importer.graphdef_io import import_concrete_function
 from tofu_tf.search.memory import single_device_peak
 from tofu_tf.search.recursive import search
 from tofu_tf.search.simulate import (PROFILES, alternatives, op_flops, op_placement,

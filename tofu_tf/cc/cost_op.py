@@ -6,7 +6,7 @@
 The first call (or `backend()`) builds `cost_op.cc` through `tofu_tf.cc.build` (cached by
 source hash and TF version) and loads it with `tf.load_op_library`, at most once per
 process; importing tofu_tf loads nothing. If that fails — no TensorFlow, no compiler, a
-compile error — every call uses `tofu_tf.search.cost.overlaps_numpy`, which gives the same
+compile error — every call uses `tofu_tf.cc.reference.overlaps_numpy`, which gives the same
 answers, and the reason is logged once as an absl warning. `use_backend` (or the
 `backend=` argument of `overlaps`) forces one path, for benchmarks and tests.
 
@@ -29,7 +29,7 @@ from types import ModuleType
 import numpy as np
 from absl import logging
 
-from tofu_tf.cc import build
+from tofu_tf.cc import build, reference
 from tofu_tf.cc.build import CustomOpBuildError
 from tofu_tf.errors import TofuError
 
@@ -126,8 +126,7 @@ def overlaps(boxes: np.ndarray, shapes: np.ndarray, k: int, *,
     chosen = _resolve(backend)
     if chosen is Backend.CPP:
         return _overlaps_cpp(boxes, shapes, k)
-    from tofu_tf.search.cost import overlaps_numpy
-    return overlaps_numpy(boxes, shapes, k)
+    return reference.overlaps_numpy(boxes, shapes, k)
 
 
 def aligned_empty(shape: tuple[int, ...], dtype=np.int64) -> np.ndarray:

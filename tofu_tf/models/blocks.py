@@ -17,7 +17,7 @@ function, inference and backward, and each call's overhead would cost more than 
 blocks. Blocks with one key must compute the same thing from their variables: the key holds
 every setting `make` reads besides the variables (sizes, strides; a block drawing random
 numbers from per-block seeds cannot share). The importer inlines the calls
-(rewrite/_inline.py): the planner sees the same ops on the same values as a flat build.
+(importer/_inline.py): the planner sees the same ops on the same values as a flat build.
 Eager builds, and graph-only builds with `layer_functions=False`, run `apply` directly.
 
 The initial values of such blocks' variables come from one function per key too (the

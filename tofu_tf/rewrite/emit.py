@@ -43,7 +43,7 @@ from tofu_tf.rewrite.ledger import Ledger
 from tofu_tf.rewrite.nodedefs import GraphBuilder, Ref, dtype_enum
 from tofu_tf.rewrite.partition import (Box, DeviceOp, Partition, contains, narrow_update,
                                       nonempty, own_shard, partition, shared_prefix)
-from tofu_tf.rewrite.tf_attrs import to_attr_value
+from tofu_tf.importer.tf_attrs import to_attr_value
 from tofu_tf.search.cost import box_volume
 from tofu_tf.search.plan import Plan
 

@@ -25,7 +25,7 @@ from tensorflow.core.protobuf import config_pb2
 from tofu_tf._tf_graph import LazyGraph
 from tofu_tf.liveness import (ALIASING, FORWARDING, DeviceMemory, Node,
                               conv_grad_scratch, peaks, slice_is_view)
-from tofu_tf.rewrite import _inline, _normalise
+from tofu_tf.importer import _inline, _normalise
 from tofu_tf.rewrite.schedule import execution_order
 
 __all__ = ["DeviceMemory", "estimate", "measure", "persistent_bytes"]

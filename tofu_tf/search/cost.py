@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tofu_tf.cc import cost_op
 from tofu_tf.op_semantics.analysis import REPLICATED, OutputState, Split, part_range
 
 Box = tuple[tuple[int, int], ...]          # half-open [start, stop) per dim
@@ -72,30 +73,9 @@ def part_bounds(n: int, k: int) -> np.ndarray:
     return np.stack([stops - sizes, stops], axis=1)
 
 
-def overlaps_numpy(boxes: np.ndarray, shapes: np.ndarray, k: int) -> np.ndarray:
-    """For boxes [M, k, D, 2] (part p's box of entry m) and shapes [M, D]: the volume of
-    box ∩ H_p(Split(d)) for d < D, and in column D the box volume itself (= ∩ H_p(R)).
-    Dims past a tensor's rank have shape 1 and box (0, 1). Returns int64 [M, D + 1]."""
-    m, _, d, _ = boxes.shape
-    lengths = np.clip(boxes[..., 1] - boxes[..., 0], 0, None)             # [M, k, D]
-    volume = np.prod(lengths, axis=2)                                    # [M, k]
-    out = np.empty((m, d + 1), dtype=np.int64)
-    out[:, d] = volume.sum(axis=1)
-    parts = np.arange(k)
-    for dim in range(d):
-        base, extra = np.divmod(shapes[:, dim], k)                       # [M]
-        lo = parts[None, :] * base[:, None] + np.minimum(parts[None, :], extra[:, None])
-        hi = lo + base[:, None] + (parts[None, :] < extra[:, None])
-        inter = np.clip(np.minimum(boxes[:, :, dim, 1], hi) -
-                        np.maximum(boxes[:, :, dim, 0], lo), 0, None)    # [M, k]
-        safe = np.where(lengths[:, :, dim] > 0, lengths[:, :, dim], 1)
-        out[:, dim] = (volume // safe * inter).sum(axis=1)
-    return out
-
-
 def overlaps(boxes: np.ndarray, shapes: np.ndarray, k: int) -> np.ndarray:
-    """`overlaps_numpy`, through the C++ op when it is available."""
-    from tofu_tf.cc import cost_op
+    """The overlap volumes of `tofu_tf.cc.reference.overlaps_numpy`, through the C++ op
+    when it is available."""
     return cost_op.overlaps(boxes, shapes, k)
 
 

@@ -38,10 +38,10 @@ from tofu_tf import _tf_graph
 from tofu_tf._gc import paused_gc
 from tofu_tf.errors import DynamicShapeError, GraphImportError
 from tofu_tf.graph import Graph, Op, Tensor, tensor_name
-from tofu_tf.rewrite import _fold, _inline, _normalise
-from tofu_tf.rewrite._nodes import NodeRecord, topological_order
-from tofu_tf.rewrite._structure import Structure, analyse
-from tofu_tf.rewrite.tf_attrs import python_value
+from tofu_tf.importer import _fold, _inline, _normalise
+from tofu_tf.importer._nodes import NodeRecord, topological_order
+from tofu_tf.importer._structure import Structure, analyse
+from tofu_tf.importer.tf_attrs import python_value
 
 MAX_CONSTANT_ELEMENTS = 4096  # Const values up to this size are kept in Graph.constants
 

@@ -4,7 +4,7 @@
     report = compare_step(case.imported, 8, case.batches, case.values)
     print(report)     # the op to blame, its plan choice per level, each device's piece
 
-    python -m tofu_tf.debug --model=mobilenetv2 --num_devices=8 [--dtype=float32]
+    python -m tofu_tf.tools.debug --model=mobilenetv2 --num_devices=8 [--dtype=float32]
 
 Both steps start from the same variable values and batch. The partitioned graph is
 emitted with every compared tensor exposed (assembled whole on device 0), the
@@ -41,8 +41,8 @@ from tofu_tf.graph import Graph
 from tofu_tf.op_semantics.catalog import catalog
 from tofu_tf.options import Options
 from tofu_tf.rewrite.emit import partition_of
-from tofu_tf.rewrite.graphdef_io import ImportedGraph
-from tofu_tf.runtime import Runner, session_config
+from tofu_tf.importer.graphdef_io import ImportedGraph
+from tofu_tf.runtime.session import Runner, session_config
 from tofu_tf.search.plan import Plan
 from tofu_tf.search.topology import Topology
 
@@ -457,7 +457,7 @@ class Case:
 def case_of(concrete, batches: Sequence[Sequence[np.ndarray]]) -> Case:
     """A concrete function of a step over tf.Variables (`step.get_concrete_function(x, y)`)
     and its batches (one tuple of arguments per step); the variables' current values."""
-    from tofu_tf.rewrite.graphdef_io import import_concrete_function
+    from tofu_tf.importer.graphdef_io import import_concrete_function
     imported = import_concrete_function(concrete)
     internal = {t.ref() for _, t in concrete.graph.captures}
     feeds = [t.name for t in concrete.inputs if t.ref() not in internal]

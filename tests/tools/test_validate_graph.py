@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tofu_tf.debug import case_of, model_case
+from tofu_tf.tools.debug import case_of, model_case
 from tofu_tf.models.keras_models import keras_float, training_step
 from tofu_tf.op_semantics import registry
 from tofu_tf.op_semantics.ops import reduce as reduce_ops
-from tofu_tf.op_semantics.validate import graph_instances, validate_graph
+from tofu_tf.tools.validate import graph_instances, validate_graph
 
 
 def _keras_layers_case():

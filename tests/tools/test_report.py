@@ -9,7 +9,7 @@ from html.parser import HTMLParser
 import pytest
 
 from tofu_tf.options import Options
-from tofu_tf.report import SECTIONS, html_report, plan_diff
+from tofu_tf.tools.report import SECTIONS, html_report, plan_diff
 from tofu_tf.search.baselines import BASELINES
 from tofu_tf.search.plan import make_plan
 from tofu_tf.search.topology import Topology

@@ -4,7 +4,7 @@ applications and keras_hub backbones is described or opaque with a reason."""
 import pytest
 
 from tofu_tf.op_semantics.catalog import DESCRIBED
-from tofu_tf.op_semantics.coverage import COMPUTE_HEAVY, KERAS, REFERENCE, coverage
+from tofu_tf.tools.coverage import COMPUTE_HEAVY, KERAS, REFERENCE, coverage
 
 
 @pytest.mark.parametrize("model", REFERENCE + KERAS)

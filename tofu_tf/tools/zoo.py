@@ -20,7 +20,7 @@ another order, can drift further over a few steps. `yardstick` measures how far 
 model drifts from its own rounding: the unpartitioned step trained from weights perturbed
 by one unit in the last place. A float32 run beyond the tolerances is `rounding` when
 its drift is within YARDSTICK_FACTOR times the yardstick's (and `DIFFERS` otherwise);
-`tofu_tf.debug` then judges one step op by op. In float64 there is no such excuse.
+`tofu_tf.tools.debug` then judges one step op by op. In float64 there is no such excuse.
 
 TensorFlow's runtime graph optimizer is off for both (the partitioned step's session
 always runs without it): it rewrites the unpartitioned step's arithmetic, and where a

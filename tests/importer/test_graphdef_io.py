@@ -13,8 +13,8 @@ import tensorflow as tf
 from tofu_tf.errors import DynamicShapeError, GraphImportError
 from tofu_tf.graph import DTYPE_SIZES, Role
 from tofu_tf.models.keras_models import training_step
-from tofu_tf.rewrite import _normalise
-from tofu_tf.rewrite.graphdef_io import import_concrete_function, import_graph_def
+from tofu_tf.importer import _normalise
+from tofu_tf.importer.graphdef_io import import_concrete_function, import_graph_def
 
 RNG = np.random.default_rng(0)
 

@@ -17,7 +17,7 @@ from tofu_tf.search.plan import Plan, human_bytes
 
 SECTIONS = ("Summary", "Memory per device", "Bytes per level", "Against the baselines",
             "Largest transfers", "Tensor groups")
-STEP_SECTION = "Step time per device"     # with a measured step (tofu_tf.profile)
+STEP_SECTION = "Step time per device"     # with a measured step (tofu_tf.runtime.profile)
 
 
 def _bar(value: float, largest: float, label: str, colour: str = "#4a7bd0") -> str:
@@ -50,7 +50,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 def html_report(plan: Plan, *, title: str = "tofu_tf plan",
                 baselines: Mapping[str, float] | None = None, transfers: int = 40,
                 profile=None) -> str:
-    """`profile`: a `tofu_tf.profile.StepProfile` of one step of the plan's emitted graph,
+    """`profile`: a `tofu_tf.runtime.profile.StepProfile` of one step of the plan's emitted graph,
     shown as a bar per device (its busy time in the step) after the summary."""
     esc = html.escape
     parts = [f"<h1>{esc(title)}</h1>", f"<h2 id='summary'>{SECTIONS[0]}</h2>",

@@ -1,6 +1,6 @@
 """Which op types of a model's training graph are described, opaque or missing.
 
-    python -m tofu_tf.op_semantics.coverage --model=resnet50
+    python -m tofu_tf.tools.coverage --model=resnet50
 
 Prints, per op type, the count and the status, then `described D, opaque O, missing M`
 (counted over op types); the exit status is non-zero when M > 0. Every op instance is
@@ -76,7 +76,7 @@ class Coverage:
 
 def model_graphs(name: str, batch_size: int = 2):
     """Imported planner graphs of a model's training step (every optimizer variant)."""
-    from tofu_tf.rewrite.graphdef_io import import_concrete_function
+    from tofu_tf.importer.graphdef_io import import_concrete_function
     if name in REFERENCE:
         from tofu_tf.models import OPTIMIZERS, build
         for optimizer in OPTIMIZERS:

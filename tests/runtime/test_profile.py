@@ -1,9 +1,9 @@
-"""tofu_tf.profile: a partitioned step's time by device and kind, and its Chrome trace."""
+"""tofu_tf.runtime.profile: a partitioned step's time by device and kind, and its Chrome trace."""
 
 from tofu_tf.api import optimize
 from tofu_tf.models import build
-from tofu_tf.profile import StepProfile, node_kind, step_stats, trace_devices, write_chrome_trace
-from tofu_tf.runtime import Runner, SingleDevice
+from tofu_tf.runtime.profile import StepProfile, node_kind, step_stats, trace_devices, write_chrome_trace
+from tofu_tf.runtime.session import Runner, SingleDevice
 
 
 def test_profile_and_trace_name_every_device(tmp_path):

@@ -26,7 +26,7 @@ from tensorflow.python.framework import errors as tf_errors
 from tensorflow.python.framework import op_def_registry
 
 from tofu_tf.errors import GraphImportError
-from tofu_tf.rewrite._normalise import _first_line, _output_index, const_node, node_of
+from tofu_tf.importer._normalise import _first_line, _output_index, const_node, node_of
 
 FORWARDING_OPS = frozenset({"Identity", "IdentityN", "StopGradient", "PreventGradient"})
 

@@ -27,7 +27,7 @@ from typing import Mapping
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 from tensorflow.python.framework import function_def_to_graph
 
-from tofu_tf.rewrite._normalise import _output_index, node_of, reachable
+from tofu_tf.importer._normalise import _output_index, node_of, reachable
 
 CALL_TYPES = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
 

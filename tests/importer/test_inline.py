@@ -10,8 +10,8 @@ from tensorflow.python.ops import gen_resource_variable_ops as resource_ops
 
 from tofu_tf.errors import GraphImportError
 from tofu_tf.graph import Role
-from tofu_tf.rewrite import _inline
-from tofu_tf.rewrite.graphdef_io import import_graph_def
+from tofu_tf.importer import _inline
+from tofu_tf.importer.graphdef_io import import_graph_def
 
 RNG = np.random.default_rng(3)
 

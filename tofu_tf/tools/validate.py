@@ -1,7 +1,7 @@
 """Strategy validator: run every derived strategy on real shards with the real kernel.
 
-    python -m tofu_tf.op_semantics.validate [--op=Conv2D,MatMul] [--k=2,3,4] [--verbose]
-    python -m tofu_tf.op_semantics.validate --model=mobilenetv2,gpt2   # ops of real graphs
+    python -m tofu_tf.tools.validate [--op=Conv2D,MatMul] [--k=2,3,4] [--verbose]
+    python -m tofu_tf.tools.validate --model=mobilenetv2,gpt2   # ops of real graphs
 
 For every sample instance of every registered op (samples/<family>.py), and every strategy
 the analysis derives, for k in {2, 3, 4}: each part's inputs are cut from the real inputs
@@ -70,7 +70,7 @@ class _Instance:
 
     def __init__(self, node_def, values, resource, input_dtypes, consts, output_dtypes):
         from tofu_tf.op_semantics.registry import describe
-        from tofu_tf.rewrite.tf_attrs import python_attrs
+        from tofu_tf.importer.tf_attrs import python_attrs
         self.node_def = node_def
         self.op_type = node_def.op
         self.num_outputs = len(output_dtypes)
@@ -148,7 +148,7 @@ class _Instance:
         """Run the op's kernel eagerly; outputs, then the new values of updated inputs."""
         import tensorflow as tf
         from tensorflow.python.eager import context, execute
-        from tofu_tf.rewrite.tf_attrs import execute_attrs
+        from tofu_tf.importer.tf_attrs import execute_attrs
         inputs, holders = [], {}
         for i, value in enumerate(values):
             if self.resource[i]:
@@ -194,7 +194,7 @@ def _unwritten(inst) -> set[int]:
     """Outputs TensorFlow's own kernel leaves unwritten (their buffers hold whatever was
     there, which two runs may or may not reproduce): the reserve spaces of an inference
     FusedBatchNorm."""
-    from tofu_tf.rewrite.tf_attrs import python_attrs
+    from tofu_tf.importer.tf_attrs import python_attrs
     attrs = python_attrs(inst.node_def)
     if inst.op_type.startswith("FusedBatchNorm") and "Grad" not in inst.op_type and \
             not attrs.get("is_training", True):
@@ -439,7 +439,7 @@ def graph_instances(imported, feeds, values):
     """(id, instance) of each distinct described op of a real training graph (by catalog
     signature: type, attrs, shapes, dtypes, constants), with the values its inputs had in
     one unpartitioned step from `values` (variable handle op name -> value) and `feeds`."""
-    from tofu_tf.debug import compared_tensors, unpartitioned_values
+    from tofu_tf.tools.debug import compared_tensors, unpartitioned_values
     from tofu_tf.op_semantics.registry import description, signature
     graph = imported.graph
     got = unpartitioned_values(imported, feeds, values, compared_tensors(graph))
@@ -497,7 +497,7 @@ def main(argv) -> int:
     ops = [o for o in FLAGS.op.split(",") if o] if FLAGS.op else None
     ks = tuple(int(k) for k in FLAGS.k.split(","))
     if FLAGS.model:
-        from tofu_tf.debug import model_case
+        from tofu_tf.tools.debug import model_case
         report = Report()
         for name in FLAGS.model.split(","):
             case = model_case(name, steps=1, dtype=FLAGS.dtype, batch_size=FLAGS.batch_size)

@@ -3,9 +3,9 @@ worker process, a client that runs the step through a v1 Session on the grpc tar
 
 A worker process (one per host; the cluster from `--cluster` or from TF_CONFIG):
 
-    python -m tofu_tf.cluster --cluster=10.0.0.1:2222,10.0.0.2:2222 --task=1 --num_cpus=4
+    python -m tofu_tf.runtime.cluster --cluster=10.0.0.1:2222,10.0.0.2:2222 --task=1 --num_cpus=4
     TF_CONFIG='{"cluster": {"worker": [...]}, "task": {"type": "worker", "index": 1}}' \\
-        python -m tofu_tf.cluster --num_cpus=4
+        python -m tofu_tf.runtime.cluster --num_cpus=4
 
 The client (any process that reaches worker 0):
 
@@ -24,7 +24,7 @@ collectives across tasks wait forever).
 Faults: a step is bounded by `step_timeout_s` (the session's operation timeout), and a failed
 step's TensorFlow error becomes a `WorkerError` that names the workers no longer running
 (`LocalCluster.guard`). State lives in the workers' variables, so what survives a failure is
-what the client saved last (see `tofu_tf.checkpoint`).
+what the client saved last (see `tofu_tf.runtime.checkpoint`).
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ class LocalCluster:
         try:
             for task in range(num_workers):
                 self.processes.append(subprocess.Popen(
-                    [python, "-m", "tofu_tf.cluster", f"--cluster={','.join(self.addresses)}",
+                    [python, "-m", "tofu_tf.runtime.cluster", f"--cluster={','.join(self.addresses)}",
                      f"--task={task}", f"--num_cpus={cpus_per_worker}"],
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._logs[task],
                     env=env))
@@ -241,7 +241,7 @@ def worker_error(err: Exception, dead: Sequence[int], addresses: Sequence[str]) 
         what = f"the step failed on the cluster {','.join(addresses)}"
     return WorkerError(f"{what}: {type(err).__name__}: {cause}", node=node,
                        fix="restart the workers and resume from the last checkpoint "
-                           "(tofu_tf.checkpoint.restore, or --resume); raise the step "
+                           "(tofu_tf.runtime.checkpoint.restore, or --resume); raise the step "
                            "timeout if the step is only slow.")
 
 

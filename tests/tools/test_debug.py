@@ -1,8 +1,8 @@
-"""tofu_tf.debug: a planted wrong description is named; rounding is not blamed."""
+"""tofu_tf.tools.debug: a planted wrong description is named; rounding is not blamed."""
 
 import pytest
 
-from tofu_tf.debug import compare_step, model_case
+from tofu_tf.tools.debug import compare_step, model_case
 from tofu_tf.op_semantics import registry
 from tofu_tf.op_semantics.ops import reduce as reduce_ops
 

@@ -23,7 +23,7 @@ import re
 from typing import Mapping, Sequence
 
 from tofu_tf.graph import split_tensor_name
-from tofu_tf.rewrite._nodes import SOURCE_TYPES, NodeRecord
+from tofu_tf.importer._nodes import SOURCE_TYPES, NodeRecord
 
 _GRADIENT_SCOPE = re.compile(r"^(gradient_tape|gradients)(_\d+)?$")
 # Forward ops whose gradient creates no ops: never the forward op of a gradient op.

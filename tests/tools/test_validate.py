@@ -5,7 +5,7 @@ import pytest
 from tofu_tf.op_semantics import registry
 from tofu_tf.op_semantics.samples import all_samples, arg, Sample
 from tofu_tf.op_semantics.tdl import Fn, Sum, Window, Opaque
-from tofu_tf.op_semantics.validate import validate, validate_sample
+from tofu_tf.tools.validate import validate, validate_sample
 
 SAMPLES = all_samples()
 

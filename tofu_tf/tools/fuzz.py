@@ -80,7 +80,7 @@ def random_step(chooser: Chooser, max_ops: int = 7, seed: int = 0) -> Case:
 def check(case: Case, num_devices: int) -> str | None:
     """None when `STEPS` partitioned steps equal the unpartitioned ones, else what differs."""
     from tofu_tf.api import optimize
-    from tofu_tf.runtime import Runner, SingleDevice
+    from tofu_tf.runtime.session import Runner, SingleDevice
     with SingleDevice(case.graph_def, case.init_op, case.fetches) as single:
         initial = single.values()
         want = [single.run(case.feeds)[0] for _ in range(STEPS)]

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
 from tofu_tf.graph import Role, Variable, split_tensor_name
-from tofu_tf.rewrite._gradients import ForwardResolver, gradient_ops
-from tofu_tf.rewrite._nodes import NodeRecord
+from tofu_tf.importer._gradients import ForwardResolver, gradient_ops
+from tofu_tf.importer._nodes import NodeRecord
 
 WRITE_OPS = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
                        "ResourceStridedSliceAssign"})
