@@ -58,6 +58,12 @@ class Options:
     max_dp_table: int = 2 ** 22
     # States kept per variable by that fallback.
     dp_beam: int = 2
+    # On a topology of several levels, solve all levels at once (search/joint.py) when
+    # that problem has at most this many joint choices (op choices under every state
+    # combination of their groups, summed over ops), and keep its plan where it moves
+    # fewer bytes than the recursion's, which fixes each level before the next. 0: the
+    # recursion alone. Bytes objective, no memory budget.
+    joint_choices: int = 10_000
     # How partial results are combined in the emitted graph.
     collectives: Collectives = Collectives.AUTO
     # What decides between candidate plans (storage policies, memory weights): bytes, or

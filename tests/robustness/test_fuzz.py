@@ -7,20 +7,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tofu_tf.tools.fuzz import check, random_step
-
-
-class HypothesisChooser:
-    """Every random choice of the generator drawn from hypothesis (so failures shrink)."""
-
-    def __init__(self, data):
-        self.data = data
-
-    def choice(self, options):
-        return self.data.draw(st.sampled_from(list(options)))
-
-    def integer(self, low: int, high: int) -> int:
-        return self.data.draw(st.integers(low, high))
+from tofu_tf.tools.fuzz import HypothesisChooser, check, random_step
 
 
 @settings(max_examples=300, deadline=None, derandomize=True, database=None,

@@ -169,7 +169,8 @@ def test_product_linearisation_agrees(name):
 def test_ilp_search_solves_every_level_exactly():
     graph, entries = graph_of("mlp", "adam")
     by_ilp = ilp_search(graph, Topology.default(4))
-    by_dp = search(graph, Topology.default(4), entries=entries)
+    by_dp = search(graph, Topology.default(4), entries=entries,
+                   options=Options(joint_choices=0))
     assert all(level.exact for level in by_ilp.levels)
     assert math.isclose(by_ilp.levels[0].bytes, by_dp.levels[0].bytes, rel_tol=1e-9)
 
@@ -184,7 +185,7 @@ def test_ilp_out_of_time_raises():
 def _recursive_and_joint(name, optimizer, devices, method=JointMethod.DP):
     graph, entries = graph_of(name, optimizer)
     topology = Topology.default(devices)
-    result = search(graph, topology, entries=entries)
+    result = search(graph, topology, entries=entries, options=Options(joint_choices=0))
     joint = joint_model(graph, topology, entries=entries)
     # the joint pieces, built per op, price the recursive plan exactly as the recursion does
     assert math.isclose(joint.plan_cost(result), result.total_bytes, rel_tol=1e-9)
@@ -222,7 +223,7 @@ def test_recursion_under_the_joint_first_level(name, devices):
     graph, entries = graph_of(name)
     topology = Topology.default(devices)
     own = search(graph, topology, entries=entries,
-                 options=Options(variable_storage=VariableStorage.REPLICABLE))
+                 options=Options(variable_storage=VariableStorage.REPLICABLE, joint_choices=0))
     joint = joint_model(graph, topology, entries=entries)
     # the projection gives the recursive plan's own level-1 states back
     assert joint.first_level(joint.plan_leaves(own))[0] == own.levels[0].assignment

@@ -31,11 +31,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tofu_tf.graph import Graph
 from tofu_tf.op_semantics.analysis import OutputState
+from tofu_tf.op_semantics.catalog import OpEntry, catalog
+from tofu_tf.options import Options, VariableStorage
 from tofu_tf.search import dp
-from tofu_tf.search.coarsen import CoarseGraph
-from tofu_tf.search.problem import (OpVectors, Problem, tensor_at, build_choices,
-                                    cost_vectors, part0_shape)
+from tofu_tf.search.coarsen import CoarseGraph, coarsen
+from tofu_tf.search.problem import (OpVectors, Problem, SearchCache, build_choices,
+                                    cost_vectors, part0_shape, root_problem, sub_problem,
+                                    tensor_at)
+from tofu_tf.search.topology import Topology
 
 
 @dataclass
@@ -291,3 +296,30 @@ def result_of(model: LevelModel, assignment, exact: bool, seconds: float,
                  for tensor, moved in model.moved(op, c, assignment)]
     return LevelResult(model.problem.k, tuple(assignment), states, labels, total, exact,
                        seconds, tuple(breakdown))
+
+
+def variable_tensors(graph: Graph, coarse: CoarseGraph) -> frozenset[str]:
+    """Tensors grouped with a variable (its reads, gradient, slots, update math)."""
+    groups = {coarse.group_of[v.handle] for v in graph.variables.values()}
+    return frozenset(t for g in groups for t in coarse.members[g])
+
+
+def level_models(graph: Graph, topology: Topology, entries: dict[str, OpEntry] | None = None,
+                 coarse: CoarseGraph | None = None, options: Options = Options(),
+                 storage: VariableStorage = VariableStorage.REPLICABLE,
+                 cache: SearchCache | None = None):
+    """Yield (LevelModel, solve) per level; the caller's solver picks each level's result
+    (the DP here, baselines elsewhere) and the next level is built from it."""
+    entries = entries if entries is not None else catalog(graph, strict=options.strict)
+    coarse = coarse if coarse is not None else coarsen(graph, entries)
+    replicable = (variable_tensors(graph, coarse) if storage is VariableStorage.REPLICABLE
+                  else frozenset())
+    problem: Problem = root_problem(graph, entries, topology.levels[0].ways,
+                                    replicable=replicable,
+                                    replicate_below=options.replicate_below, cache=cache)
+    for index, level in enumerate(topology.levels):
+        model = LevelModel.build(problem, coarse)
+        result = yield model
+        if index + 1 < len(topology.levels):
+            problem = sub_problem(problem, result.states, result.choices,
+                                  topology.levels[index + 1].ways)

@@ -24,13 +24,15 @@ from absl import logging
 from tofu_tf import _forking
 from tofu_tf._gc import paused_gc
 from tofu_tf.cc import cost_op
-from tofu_tf.errors import PlanInfeasibleError
+from tofu_tf.errors import PlanInfeasibleError, TofuError
 from tofu_tf.graph import Graph
 from tofu_tf.op_semantics.analysis import REPLICATED
 from tofu_tf.op_semantics.catalog import OpEntry, catalog
 from tofu_tf.options import Objective, Options, VariableStorage
 from tofu_tf.search.coarsen import CoarseGraph, coarsen
-from tofu_tf.search.level import LevelModel, LevelResult, solve_level
+from tofu_tf.search import joint
+from tofu_tf.search.level import (LevelModel, LevelResult, level_models,  # noqa: F401
+                                  result_of, solve_level, variable_tensors)
 from tofu_tf.search.memory import PlanMemory, plan_memory, single_device_peak
 from tofu_tf.search.cost import tensor_states
 from tofu_tf.search.problem import Problem, SearchCache, root_problem, sub_problem
@@ -56,6 +58,9 @@ class SearchResult:
     # The unpartitioned graph's estimate on one device, where the search made it (a forked
     # child has the time while the caller finishes its own policy); else None.
     unpartitioned: PlanMemory | None = None
+    # Whether the plan is proven a joint optimum of all levels (search/joint.py), not
+    # only each level's optimum under the levels above.
+    joint: bool = False
     # The last level's model and result: what one device holds and runs (memory, time).
     last: tuple[LevelModel, LevelResult] | None = dataclasses.field(
         default=None, repr=False, compare=False)
@@ -91,33 +96,6 @@ class SearchResult:
 
     def cost(self, objective: Objective) -> float:
         return self.transfer_seconds if objective is Objective.TIME else self.total_bytes
-
-
-def variable_tensors(graph: Graph, coarse: CoarseGraph) -> frozenset[str]:
-    """Tensors grouped with a variable (its reads, gradient, slots, update math)."""
-    groups = {coarse.group_of[v.handle] for v in graph.variables.values()}
-    return frozenset(t for g in groups for t in coarse.members[g])
-
-
-def level_models(graph: Graph, topology: Topology, entries: dict[str, OpEntry] | None = None,
-                 coarse: CoarseGraph | None = None, options: Options = Options(),
-                 storage: VariableStorage = VariableStorage.REPLICABLE,
-                 cache: SearchCache | None = None):
-    """Yield (LevelModel, solve) per level; the caller's solver picks each level's result
-    (the DP here, baselines elsewhere) and the next level is built from it."""
-    entries = entries if entries is not None else catalog(graph, strict=options.strict)
-    coarse = coarse if coarse is not None else coarsen(graph, entries)
-    replicable = (variable_tensors(graph, coarse) if storage is VariableStorage.REPLICABLE
-                  else frozenset())
-    problem: Problem = root_problem(graph, entries, topology.levels[0].ways,
-                                    replicable=replicable,
-                                    replicate_below=options.replicate_below, cache=cache)
-    for index, level in enumerate(topology.levels):
-        model = LevelModel.build(problem, coarse)
-        result = yield model
-        if index + 1 < len(topology.levels):
-            problem = sub_problem(problem, result.states, result.choices,
-                                  topology.levels[index + 1].ways)
 
 
 def deadline_of(options: Options) -> float | None:
@@ -156,6 +134,7 @@ def search(graph: Graph, topology: Topology, *, solver=None,
 def _search(graph, topology, solver, entries, options, memory_weight, cache,
             deadline) -> SearchResult:
     start = time.perf_counter()
+    exact_dp = solver is None         # a caller's solver (a baseline) plans level by level
     solver = solver or functools.partial(solve_level, max_table=options.max_dp_table,
                                          beam=options.dp_beam, memory_weight=memory_weight)
     entries = entries if entries is not None else catalog(graph, strict=options.strict)
@@ -178,16 +157,71 @@ def _search(graph, topology, solver, entries, options, memory_weight, cache,
                 break  # the replicable optimum is feasible and optimal for this policy too
             results.append(run(policy))
     objective = options.objective
+    joint_plan = None
+    if exact_dp and len(topology.levels) > 1 and objective is Objective.BYTES and \
+            not memory_weight:
+        joint_plan = _joint(graph, topology, entries, coarse, options, solver, cache,
+                            deadline)
+        if joint_plan is not None:
+            results.append(joint_plan)
     if memory_weight:          # memory decides too: estimate every candidate
         results = [r.with_memory(graph) for r in results]
         best = min(results, key=lambda r: r.total_bytes + memory_weight * r.memory.peak_bytes)
     else:
-        best = min(results, key=lambda r: r.cost(objective))
+        best = min(results, key=lambda r: r.cost(objective))   # ties: the recursion's
+        if joint_plan is not None and best.total_bytes <= joint_plan.total_bytes:
+            best = dataclasses.replace(best, joint=True)        # it is a joint optimum too
     if best.last is None:      # the forked child's plan won: rebuild its last level's model
         best = dataclasses.replace(best, last=_replay(
             graph, topology, entries, coarse, options, best.variable_storage, cache,
             best.levels))
     return dataclasses.replace(best.with_memory(graph), seconds=time.perf_counter() - start)
+
+
+def _joint(graph, topology, entries, coarse, options, solver, cache, deadline
+           ) -> SearchResult | None:
+    """The plan of the joint optimum of all levels (search/joint.py), where that problem
+    has at most `options.joint_choices` joint choices: every level but the last fixed to
+    the joint optimum's states and choices, the last solved by `solver` (at least as good
+    under them: so the plan moves exactly the joint optimum's bytes). None where it is
+    larger or the joint DP would not be exact. Under either storage policy of AUTO the
+    replicable one: its plans include the partitioned one's."""
+    if options.joint_choices <= 0:
+        return None
+    storage = (VariableStorage.PARTITIONED
+               if options.variable_storage is VariableStorage.PARTITIONED
+               else VariableStorage.REPLICABLE)
+    start = time.perf_counter()
+    try:
+        model = joint.joint_model(graph, topology, entries=entries, coarse=coarse,
+                                  options=options, storage=storage,
+                                  max_joint_choices=options.joint_choices)
+        best = model.solve()
+    except TofuError as err:                  # too large, or the DP not exact
+        logging.debug("no joint search: %s", err)
+        return None
+    fixed = model.fixed_levels(best.leaves)
+
+    def solve(level_model: LevelModel) -> LevelResult:
+        if len(fixed) <= solved[0]:
+            return solver(level_model)
+        assignment, labels = fixed[solved[0]]
+        solved[0] += 1
+        index = {op: {choice.label: c for c, choice in enumerate(choices)}
+                 for op, choices in level_model.problem.choices.items()}
+        chosen = {op: index[op][labels[op]] for op in level_model.vectors}
+        return result_of(level_model, assignment, True, 0.0, chosen)
+
+    solved = [0]
+    result = _recurse(graph, topology, entries, coarse, options, storage, solve, cache,
+                      deadline)
+    if not math.isclose(result.total_bytes, best.cost, rel_tol=1e-9, abs_tol=1e-6):
+        raise PlanInfeasibleError(
+            f"the plan under the joint optimum's levels moves {result.total_bytes:.0f} B, "
+            f"the joint optimum {best.cost:.0f} B; they must agree.",
+            fix="report this; Options(joint_choices=0) plans by the recursion alone.")
+    logging.debug("joint search: %.0f B in %.2f s", best.cost, time.perf_counter() - start)
+    return dataclasses.replace(result, joint=True)
 
 
 def _replay(graph, topology, entries, coarse, options, policy, cache, levels

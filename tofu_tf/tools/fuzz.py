@@ -44,6 +44,21 @@ class RandomChooser:
         return self.rng.randint(low, high)
 
 
+class HypothesisChooser:
+    """Every choice drawn from a hypothesis `st.data()` (tests: failures shrink)."""
+
+    def __init__(self, data):
+        self.data = data
+
+    def choice(self, options: Sequence):
+        from hypothesis import strategies as st
+        return self.data.draw(st.sampled_from(list(options)))
+
+    def integer(self, low: int, high: int) -> int:
+        from hypothesis import strategies as st
+        return self.data.draw(st.integers(low, high))
+
+
 @dataclass
 class Case:
     graph_def: object

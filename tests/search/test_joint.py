@@ -1,0 +1,78 @@
+"""The search over all levels at once: on graphs whose joint problem fits
+`Options.joint_choices`, the plan moves exactly the joint optimum's bytes, which HiGHS
+proves independently (ILP over the joint choices), and never more than the recursion's."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from tofu_tf.importer.graphdef_io import import_graph_def
+from tofu_tf.models import build
+from tofu_tf.op_semantics.catalog import catalog
+from tofu_tf.options import Options
+from tofu_tf.search.exact import JointMethod, joint_optimum
+from tofu_tf.search.joint import JointTooLarge, joint_model
+from tofu_tf.search.recursive import search
+from tofu_tf.search.topology import Topology
+from tofu_tf.tools.fuzz import HypothesisChooser, random_step
+
+_GRAPHS = {}
+
+
+def graph_of(name):
+    if name not in _GRAPHS:
+        step = build(name, optimizer="sgd", batch_size=8, graph_only=True)
+        graph = import_graph_def(step.graph_def, step.fetches).graph
+        _GRAPHS[name] = graph, catalog(graph)
+    return _GRAPHS[name]
+
+
+def _check(graph, entries, topology):
+    plan = search(graph, topology, entries=entries)
+    recursion = search(graph, topology, entries=entries, options=Options(joint_choices=0))
+    assert plan.joint
+    optimum = joint_optimum(graph, topology, JointMethod.ILP)
+    assert plan.total_bytes == optimum                # whole bytes: tolerance 0
+    assert plan.total_bytes <= recursion.total_bytes
+    assert plan.bytes_per_level[0] >= recursion.bytes_per_level[0]   # level 1 exact alone
+    return plan, recursion
+
+
+@pytest.mark.parametrize("name,topology", [("mlp", "2x2"), ("mlp", "2x4"), ("lstm", "2x2")])
+def test_the_plan_is_the_joint_ilp_optimum(name, topology):
+    graph, entries = graph_of(name)
+    plan, recursion = _check(graph, entries, Topology.parse(topology))
+    # where the recursion falls short, the joint search is what closes the gap
+    assert plan.total_bytes < recursion.total_bytes
+
+
+def test_past_the_limit_the_recursion_plans():
+    graph, entries = graph_of("mlp")
+    topology = Topology.parse("2x2")
+    small = search(graph, topology, entries=entries, options=Options(joint_choices=100))
+    recursion = search(graph, topology, entries=entries, options=Options(joint_choices=0))
+    assert not small.joint and not recursion.joint
+    assert small.total_bytes == recursion.total_bytes
+
+
+def test_one_level_is_the_recursion():
+    graph, entries = graph_of("mlp")
+    plan = search(graph, Topology.parse("8"), entries=entries)
+    assert not plan.joint and len(plan.levels) == 1
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(st.data(), st.sampled_from(["2x2", "2x3", "2x2x2"]))
+def test_random_graphs_plan_the_joint_optimum(data, topology):
+    case = random_step(HypothesisChooser(data), max_ops=5)
+    graph = import_graph_def(case.graph_def, case.fetches).graph
+    entries, topology = catalog(graph), Topology.parse(topology)
+    try:           # graphs whose joint problem the search solves by default
+        joint_model(graph, topology, entries=entries,
+                    max_joint_choices=Options().joint_choices)
+    except JointTooLarge:
+        assume(False)
+    _check(graph, entries, topology)
