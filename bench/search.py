@@ -15,8 +15,9 @@ Sections (each merged into bench/results/search.json; the tables go to search.md
   step is built as every planning path builds it: graph-only, without the variables'
   initializers (`initializers=False`; the importer would drop them).
 - backends: the whole search with the C++ cost op against the NumPy fallback.
-- gap: on the tiny reference models, the recursive plan against the joint optimum of all
-  levels (exact DP over product domains) at 4 = 2x2 and 8 = 2x2x2 devices.
+- gap: on the tiny reference models at 2x2, 2x4 and 2x2x2, the recursion alone and the
+  search's plan (all levels at once where that problem is small) against the joint
+  optimum of all levels (exact DP over product domains).
 
 Each section records the machine it last ran on: the CPU, and the median seconds of a
 fixed interpreter loop that uses none of this package (`common.reference_loop_seconds`),
@@ -154,31 +155,39 @@ def backends(repeats: int) -> dict:
 # -- recursive plan against the joint optimum ----------------------------------------------
 
 def gap() -> dict:
-    """Per tiny model: the recursive plan, the joint optimum, and the recursion under the
+    """Per tiny model and multi-level topology: the recursion alone (each level fixed
+    before the next), the search's plan (all levels at once where the joint problem fits
+    `Options.joint_choices`) with its time, the joint optimum, and the recursion under the
     joint optimum's level 1 (how much of the gap level 1 alone causes)."""
+    import time
+
+    from tofu_tf.options import Options
     from tofu_tf.search.exact import joint_model, recursion_under
     from tofu_tf.search.recursive import search
     from tofu_tf.search.topology import Topology
     out = {}
     for model in ("mlp", "wresnet", "lstm", "transformer"):
         graph, _ = load(model, {"batch_size": 8})
-        for devices in (4, 8):
-            topology = Topology.default(devices)
-            recursive = search(graph, topology).total_bytes
+        for shape in ("2x2", "2x4", "2x2x2"):
+            topology = Topology.parse(shape)
+            recursive = search(graph, topology, options=Options(joint_choices=0)).total_bytes
+            start = time.perf_counter()
+            plan = search(graph, topology)
+            row = {"recursive_bytes": recursive, "search_bytes": plan.total_bytes,
+                   "search_joint": plan.joint, "search_seconds": time.perf_counter() - start}
+            out[f"{model}@{shape}"] = row
             try:
                 joint = joint_model(graph, topology)
             except Exception as err:          # joint domains past their bound: say so
-                out[f"{model}@{devices}"] = {"recursive_bytes": recursive, "error": str(err)}
+                row["error"] = str(err)
                 continue
             best = joint.solve()
             under = recursion_under(graph, topology, joint.first_level(best.leaves))
-            out[f"{model}@{devices}"] = {
-                "recursive_bytes": recursive, "joint_bytes": best.cost,
-                "gap": (recursive - best.cost) / recursive,
-                "under_joint_level1_bytes": under.total_bytes}
-            print(f"{model} @ {devices}: gap {(recursive - best.cost) / recursive:.2%}, "
-                  f"under the joint level 1 {(under.total_bytes - best.cost) / recursive:.2%}",
-                  flush=True)
+            row.update({"joint_bytes": best.cost, "gap": (recursive - best.cost) / recursive,
+                        "search_gap": (plan.total_bytes - best.cost) / recursive,
+                        "under_joint_level1_bytes": under.total_bytes})
+            print(f"{model} @ {shape}: recursion gap {row['gap']:.2%}, search gap "
+                  f"{row['search_gap']:.2%} ({row['search_seconds']:.2f} s)", flush=True)
     return out
 
 
@@ -209,18 +218,28 @@ def table(stored: dict) -> str:
             lines.append(f"| {name} | {row['c++']:.2f} | {row['numpy']:.2f} | "
                          f"{row['speedup']:.2f}x |")
     if stored.get("gap"):
-        lines += ["", "| tiny model @ devices | recursive B | joint optimum B | gap | "
-                      "recursion under the joint level 1, B |", "|---|---|---|---|---|"]
+        lines += ["", "| tiny model @ topology | recursion B | search B | search s | "
+                      "joint optimum B | recursion gap | search gap | "
+                      "recursion under the joint level 1, B |",
+                  "|---|---|---|---|---|---|---|---|"]
         for name, row in sorted(stored["gap"].items()):
-            joint = f"{row['joint_bytes']:.0f}" if "joint_bytes" in row else row["error"]
-            gap = f"{row['gap']:.2%}" if "gap" in row else "-"
+            joint = (f"{row['joint_bytes']:.0f}" if "joint_bytes" in row
+                     else "too large: " + row["error"].split(":")[1].split(";")[0].strip()
+                     if ":" in row.get("error", "") else row.get("error", "-"))
+            gaps = [f"{row[k]:.2%}" if k in row else "-" for k in ("gap", "search_gap")]
             under = (f"{row['under_joint_level1_bytes']:.0f}"
                      if "under_joint_level1_bytes" in row else "-")
-            lines.append(f"| {name} | {row['recursive_bytes']:.0f} | {joint} | {gap} | "
-                         f"{under} |")
-        lines.append("\nThe last column fixes level 1 (states and choices) to the joint "
-                     "optimum's and solves the levels below: equal to the joint optimum, the "
-                     "whole gap is level 1 chosen by its own cost alone.")
+            found = (f"{row['search_bytes']:.0f}{' (joint)' if row.get('search_joint') else ''}"
+                     if "search_bytes" in row else "-")
+            seconds = f"{row['search_seconds']:.2f}" if "search_seconds" in row else "-"
+            lines.append(f"| {name} | {row['recursive_bytes']:.0f} | {found} | {seconds} | "
+                         f"{joint} | {gaps[0]} | {gaps[1]} | {under} |")
+        lines.append("\nRecursion: each level fixed before the next (`Options(joint_choices=0)`)"
+                     "; search: the default, all levels at once where the joint problem has at "
+                     "most `Options.joint_choices` (10000) joint choices, marked (joint). The "
+                     "last column fixes level 1 (states and choices) to the joint optimum's and"
+                     " solves the levels below: equal to the joint optimum, the whole gap is "
+                     "level 1 chosen by its own cost alone.")
     if stored.get("machines"):
         lines += ["", "| section | machine | reference loop s |", "|---|---|---|"]
         for section, row in sorted(stored["machines"].items()):

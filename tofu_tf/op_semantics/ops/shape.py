@@ -256,63 +256,89 @@ def concat(ctx):
     _concat(ctx, ctx.inputs[1:], 0)
 
 
-def _split(ctx, x, axis: int) -> None:
-    """Output o is x[.., j + offset[o], ..]. Equal pieces share their names, so a split of
-    the axis takes the same share of every piece; unequal pieces split one at a time."""
+def _split(ctx, x, axis: int, pieces: list[int]) -> None:
+    """Output o is x[.., j + offset[o], ..], the offsets those of the kernel's `pieces`
+    (an output may be narrower than its piece: a part's local op keeps its share of each
+    piece). Equal pieces share their names, so a split of the axis takes the same share of
+    every piece; unequal pieces split one at a time."""
     sizes = [s[axis] for s in ctx.output_shapes]
-    offsets = np.cumsum([0] + sizes[:-1]).tolist()
-    equal = len(set(sizes)) == 1
+    offsets = np.cumsum([0] + pieces[:-1]).tolist()
+    equal = len(set(sizes)) == 1 and len(set(pieces)) == 1
     for o, offset in enumerate(offsets):
         names = [f"d{d}" if d != axis or equal else f"o{o}_d{d}" for d in range(x.rank)]
         ctx.compute(named(lambda idx, offset=offset: x[
             idx[:axis] + (shifted(idx[axis], offset),) + idx[axis + 1:]], names), output=o)
 
 
-def _split_local(ctx, local, x_input: int, axis: int):
-    """Axis split of equal pieces: the region [lo, (n-1)*size + hi] is zero-padded to
-    n*size so that each local piece starts at the part's first row; crop every piece.
-    Axis split of one unequal piece: pad to the whole axis, crop that piece."""
+def split_pieces(extent: int, count: int, size_splits: list[int] | None = None) -> list[int]:
+    """The sizes along the axis of the pieces the Split (`size_splits` None: `count` equal
+    ones) or SplitV kernel cuts an input of `extent` into."""
+    if size_splits is None:
+        return [extent // count] * count
+    known = sum(s for s in size_splits if s >= 0)
+    return [s if s >= 0 else extent - known for s in size_splits]
+
+
+def _split_local(ctx, local, x_input: int, axis: int, pieces: list[int]):
+    """The kernel cuts its input into `pieces` along the axis. Axis split of equal pieces:
+    the region [lo, (n-1)*size + hi] is zero-padded to n*size so that each local piece
+    starts at the part's first row; crop every piece. Axis split of one unequal piece: pad
+    to the whole axis, crop that piece. Axis not split but its region narrower than the
+    input (a level below a split of the axis, whose outputs are narrower than their
+    pieces): pad to the whole axis, crop every piece to its share."""
     split = [o for o in range(len(local.output_slices)) if split_dim(ctx, o) == axis]
-    if not split:
-        return local
     (a, b), extent = local.input_slices[x_input][axis], ctx.sem.input_shapes[x_input][axis]
     crops = list(local.output_crops)
-    if len(split) == len(crops):
-        piece = ctx.sem.output_shapes[0][axis]
+    if not split and (a, b) == (0, extent):
+        return local
+    if split and len(split) == len(crops):
+        piece = pieces[0]
         pad = (0, len(crops) * piece - (b - a))
         for o in split:
             start, stop = local.output_slices[o][axis]
             local_y = set_item(sizes(local.output_slices[o]), axis, piece)
             crops[o] = crop_or_none(set_item([(0, n) for n in local_y], axis, (0, stop - start)), local_y)
-    else:
+    elif split:
         pad = (a, extent - b)
         for o in split:
             crops[o] = local.output_slices[o]
+    else:
+        pad = (a, extent - b)
+        for o, share in enumerate(local.output_slices):
+            local_y = set_item(sizes(share), axis, pieces[o])
+            crops[o] = crop_or_none(set_item([(0, n) for n in local_y], axis, share[axis]),
+                                    local_y)
     pads = set_item(local.input_pads[x_input], axis, pad)
     return replace(local, **zero_padded(local, x_input, pads), output_crops=tuple(crops))
 
 
 def _split_hook(ctx, local):
     x_shape = ctx.sem.input_shapes[1]
-    return _split_local(ctx, local, 1, normalize_axis(const_ints(ctx.sem, 0)[0], len(x_shape)))
+    axis = normalize_axis(const_ints(ctx.sem, 0)[0], len(x_shape))
+    pieces = split_pieces(x_shape[axis], len(ctx.sem.output_shapes))
+    return _split_local(ctx, local, 1, axis, pieces)
 
 
 def _split_v_hook(ctx, local):
     x_shape = ctx.sem.input_shapes[0]
-    return _split_local(ctx, local, 0, normalize_axis(const_ints(ctx.sem, 2)[0], len(x_shape)))
+    axis = normalize_axis(const_ints(ctx.sem, 2)[0], len(x_shape))
+    pieces = split_pieces(x_shape[axis], len(ctx.sem.output_shapes), const_ints(ctx.sem, 1))
+    return _split_local(ctx, local, 0, axis, pieces)
 
 
 @semantics("Split", localize=_split_hook)
 def split(ctx):
     x = ctx.inputs[1]
-    _split(ctx, x, normalize_axis(const_ints_of(ctx, 0)[0], x.rank))
+    axis = normalize_axis(const_ints_of(ctx, 0)[0], x.rank)
+    _split(ctx, x, axis, split_pieces(x.shape[axis], len(ctx.output_shapes)))
 
 
 @semantics("SplitV", localize=_split_v_hook)
 def split_v(ctx):
     x = ctx.inputs[0]
-    ctx.const(1)
-    _split(ctx, x, normalize_axis(const_ints_of(ctx, 2)[0], x.rank))
+    axis = normalize_axis(const_ints_of(ctx, 2)[0], x.rank)
+    _split(ctx, x, axis, split_pieces(x.shape[axis], len(ctx.output_shapes),
+                                      const_ints_of(ctx, 1)))
 
 
 def _pack_local(ctx, local):
