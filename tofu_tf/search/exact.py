@@ -18,7 +18,8 @@ from tofu_tf.search.ilp import (DEFAULT_TIME_LIMIT, IlpSolution, Linearisation, 
                                 ilp_minimum)
 from tofu_tf.search.joint import (MAX_JOINT_CHOICES, JointMethod, JointModel,  # noqa: F401
                                   JointSolution, StateTree, joint_model, state_tree)
-from tofu_tf.search.level import LevelModel, LevelResult, result_of, solve_level
+from tofu_tf.search.level import (LevelModel, LevelResult, fixed_result, result_of,
+                                  solve_level)
 from tofu_tf.search.recursive import SearchResult, search
 from tofu_tf.search.topology import Topology
 
@@ -50,18 +51,12 @@ def recursion_under(graph: Graph, topology: Topology,
     gives them); the levels below are solved as usual. Under the joint optimum's level 1
     it splits the recursion's gap into what level 1, fixed by its own cost alone, loses
     and what the deeper levels lose: at two levels it is the joint optimum."""
-    assignment, labels = first_level
     solved = 0
 
     def solver(model: LevelModel) -> LevelResult:
         nonlocal solved
         solved += 1
-        if solved > 1:
-            return solve_level(model)
-        index = {op: {choice.label: c for c, choice in enumerate(choices)}
-                 for op, choices in model.problem.choices.items()}
-        chosen = {op: index[op][labels[op]] for op in model.vectors}
-        return result_of(model, assignment, True, 0.0, chosen)
+        return solve_level(model) if solved > 1 else fixed_result(model, *first_level)
 
     return search(graph, topology, solver=solver, entries=entries,
                   options=Options(variable_storage=VariableStorage.REPLICABLE))

@@ -43,7 +43,8 @@ from tofu_tf.search import dp
 from tofu_tf.search.coarsen import CoarseGraph, coarsen
 from tofu_tf.search.ilp import DEFAULT_TIME_LIMIT, ilp_minimum, merged_vectors
 from tofu_tf.search.level import LevelModel, level_models
-from tofu_tf.search.problem import (Choice, Problem, ProblemOp, TensorSpec, clamp_box,
+from tofu_tf.search.problem import (Choice, Problem, ProblemOp, SearchCache, TensorSpec,
+                                    clamp_box,
                                     cost_vectors, fetch_extra, make_choice, may_replicate,
                                     output_spec, sub_problem)
 from tofu_tf.search.topology import Topology
@@ -380,13 +381,23 @@ def joint_model(graph: Graph, topology: Topology, *,
                 entries: dict[str, OpEntry] | None = None,
                 max_joint_choices: int = MAX_JOINT_CHOICES,
                 coarse: CoarseGraph | None = None, options: Options = Options(),
-                storage: VariableStorage = VariableStorage.REPLICABLE) -> JointModel:
+                storage: VariableStorage = VariableStorage.REPLICABLE,
+                cache: SearchCache | None = None) -> JointModel:
     """Build the joint problem of every level of `topology` (see the module docstring)
     over the plans the recursion searches under `options` and variable `storage`.
     Raises JointTooLarge past `max_joint_choices`."""
     entries = entries if entries is not None else catalog(graph, strict=True)
     coarse = coarse if coarse is not None else coarsen(graph, entries)
-    root = next(level_models(graph, topology, entries, coarse, options, storage))
+    root = next(level_models(graph, topology, entries, coarse, options, storage, cache))
+    if len(topology.ways) > 1:      # each (level-1 choice, its groups' states): >= 1 each
+        least = sum(len(choices) * math.prod(root.domains[g] for g in
+                                             {coarse.group_of[t] for t in op.inputs + op.outputs})
+                    for op in root.problem.ops for choices in [root.vectors[op.name]])
+        if least > max_joint_choices:
+            raise JointTooLarge(
+                f"the joint problem has at least {least} joint choices, more than "
+                f"{max_joint_choices}; it is meant for tiny graphs.",
+                fix="use fewer devices or a smaller model, or raise max_joint_choices.")
     base, ways = root.problem, topology.ways
     trees = tuple(state_tree(base.tensors[members[0]], base, ways)
                   for members in coarse.members)

@@ -280,6 +280,16 @@ def solve_level(model: LevelModel, max_table: int = dp.MAX_TABLE,
     return result_of(model, solution.assignment, solution.exact, time.perf_counter() - start)
 
 
+def fixed_result(model: LevelModel, assignment: tuple[int, ...], labels: dict[str, str]
+                 ) -> LevelResult:
+    """The LevelResult of given group states (indices into the model's domains) and op
+    choices (labels), as a joint optimum fixes them for the recursion."""
+    index = {op: {choice.label: c for c, choice in enumerate(choices)}
+             for op, choices in model.problem.choices.items()}
+    return result_of(model, assignment, True, 0.0,
+                     {op: index[op][labels[op]] for op in model.vectors})
+
+
 def result_of(model: LevelModel, assignment, exact: bool, seconds: float,
               chosen: dict[str, int] | None = None) -> LevelResult:
     """The level's result under a group assignment: each op's cheapest choice under it,

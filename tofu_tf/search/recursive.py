@@ -31,8 +31,8 @@ from tofu_tf.op_semantics.catalog import OpEntry, catalog
 from tofu_tf.options import Objective, Options, VariableStorage
 from tofu_tf.search.coarsen import CoarseGraph, coarsen
 from tofu_tf.search import joint
-from tofu_tf.search.level import (LevelModel, LevelResult, level_models,  # noqa: F401
-                                  result_of, solve_level, variable_tensors)
+from tofu_tf.search.level import (LevelModel, LevelResult, fixed_result,  # noqa: F401
+                                  level_models, solve_level, variable_tensors)
 from tofu_tf.search.memory import PlanMemory, plan_memory, single_device_peak
 from tofu_tf.search.cost import tensor_states
 from tofu_tf.search.problem import Problem, SearchCache, root_problem, sub_problem
@@ -186,7 +186,7 @@ def _joint(graph, topology, entries, coarse, options, solver, cache, deadline
     under them: so the plan moves exactly the joint optimum's bytes). None where it is
     larger or the joint DP would not be exact. Under either storage policy of AUTO the
     replicable one: its plans include the partitioned one's."""
-    if options.joint_choices <= 0:
+    if len(graph) > options.joint_choices:     # every op has a joint choice at least
         return None
     storage = (VariableStorage.PARTITIONED
                if options.variable_storage is VariableStorage.PARTITIONED
@@ -194,25 +194,22 @@ def _joint(graph, topology, entries, coarse, options, solver, cache, deadline
     start = time.perf_counter()
     try:
         model = joint.joint_model(graph, topology, entries=entries, coarse=coarse,
-                                  options=options, storage=storage,
+                                  options=options, storage=storage, cache=cache,
                                   max_joint_choices=options.joint_choices)
         best = model.solve()
     except TofuError as err:                  # too large, or the DP not exact
         logging.debug("no joint search: %s", err)
         return None
     fixed = model.fixed_levels(best.leaves)
+    solved = 0
 
     def solve(level_model: LevelModel) -> LevelResult:
-        if len(fixed) <= solved[0]:
+        nonlocal solved
+        solved += 1
+        if solved > len(fixed):
             return solver(level_model)
-        assignment, labels = fixed[solved[0]]
-        solved[0] += 1
-        index = {op: {choice.label: c for c, choice in enumerate(choices)}
-                 for op, choices in level_model.problem.choices.items()}
-        chosen = {op: index[op][labels[op]] for op in level_model.vectors}
-        return result_of(level_model, assignment, True, 0.0, chosen)
+        return fixed_result(level_model, *fixed[solved - 1])
 
-    solved = [0]
     result = _recurse(graph, topology, entries, coarse, options, storage, solve, cache,
                       deadline)
     if not math.isclose(result.total_bytes, best.cost, rel_tol=1e-9, abs_tol=1e-6):
