@@ -86,6 +86,29 @@ def median_seconds(run, repeats: int, warmup: int = 2) -> float:
     return statistics.median(seconds)
 
 
+def paired_medians(first, second, steps: int, warmup: int, block: int = 10
+                   ) -> tuple[float, float]:
+    """Median wall seconds of `first()` and of `second()` over `steps` steps each, timed
+    in alternating blocks of `block` steps (the first step of a block untimed: the other
+    session's threads may still spin), so that both see the same load on a noisy
+    machine. Fewer steps than two blocks: alternate single steps."""
+    import statistics
+    for _ in range(warmup):
+        first()
+        second()
+    block = block if steps >= 2 * block else 1
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(-(-steps // block)):
+        for run, out in ((first, times[0]), (second, times[1])):
+            if block > 1:
+                run()
+            for _ in range(block):
+                start = time.perf_counter()
+                run()
+                out.append(time.perf_counter() - start)
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
 def load(model: str, sizes: dict):
     """(planner graph, build + import seconds) of a graph-only model."""
     from tofu_tf.models import build

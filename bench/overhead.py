@@ -26,11 +26,10 @@ versions can stand side by side; `--fresh` drops the stored ones).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 from absl import app, flags
@@ -49,7 +48,8 @@ flags.DEFINE_string("label", "", "the code measured, kept with each row (default
                                  "commit of the tofu_tf package imported)")
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import cpu, markdown_table, read_results, write_results  # noqa: E402
+from common import (cpu, markdown_table, paired_medians, read_results,  # noqa: E402
+                    write_results)
 
 # name -> (model, build keywords, medium)
 CONFIGS = {
@@ -70,6 +70,7 @@ CONFIGS = {
 }
 
 
+@functools.cache
 def code_label() -> str:
     """--label, or the short commit of the repository the imported tofu_tf lives in."""
     import subprocess
@@ -110,28 +111,6 @@ def measure(config: str, device_counts: list[int]) -> list[dict]:
             rows.append(_row(config, model, medium, devices, steps, step, optimized, whole,
                              StepProfile.of(stats, optimized.op_nodes), single, parted))
     return rows
-
-
-def paired_medians(first, second, steps: int, warmup: int, block: int = 10
-                   ) -> tuple[float, float]:
-    """Median wall seconds of `first()` and of `second()` over `steps` steps each, timed
-    in alternating blocks of `block` steps (the first step of a block untimed: the other
-    session's threads may still spin), so that both see the same load on a noisy
-    machine. Fewer steps than two blocks: alternate single steps."""
-    for _ in range(warmup):
-        first()
-        second()
-    block = block if steps >= 2 * block else 1
-    times: tuple[list[float], list[float]] = ([], [])
-    for _ in range(-(-steps // block)):
-        for run, out in ((first, times[0]), (second, times[1])):
-            if block > 1:
-                run()
-            for _ in range(block):
-                start = time.perf_counter()
-                run()
-                out.append(time.perf_counter() - start)
-    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def _row(config, model, medium, devices, steps, step, optimized, whole, profile, single,

@@ -58,8 +58,8 @@ def restore(path: str) -> tuple[dict[str, np.ndarray], int]:
         reader = tf.train.load_checkpoint(found)
     except (ValueError, tf.errors.OpError) as err:
         raise TofuError(f"no readable checkpoint at '{path}' ({type(err).__name__}).",
-                        fix="pass a directory written by tofu_tf.runtime.checkpoint.save, or the "
-                            "path of one checkpoint in it.") from None
+                        fix="pass a directory written by tofu_tf.runtime.checkpoint.save, or "
+                            "the path of one checkpoint in it.") from None
     values = {}
     for key in reader.get_variable_to_shape_map():
         if key.startswith(_PREFIX) and key.endswith(_SUFFIX):

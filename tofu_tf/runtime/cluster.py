@@ -138,8 +138,8 @@ class LocalCluster:
         try:
             for task in range(num_workers):
                 self.processes.append(subprocess.Popen(
-                    [python, "-m", "tofu_tf.runtime.cluster", f"--cluster={','.join(self.addresses)}",
-                     f"--task={task}", f"--num_cpus={cpus_per_worker}"],
+                    [python, "-m", "tofu_tf.runtime.cluster",
+                     f"--cluster={','.join(self.addresses)}", f"--task={task}", f"--num_cpus={cpus_per_worker}"],
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._logs[task],
                     env=env))
             self._wait_ready(start_timeout_s)

@@ -16,8 +16,9 @@ Kernel time is a node's [op_start, op_end); the executor's time is what each nod
 in its [start, end] outside its kernel (scheduling, allocation, bookkeeping); a device's
 busy time is the union of its nodes' [start, end]; idle is the step's wall time less
 that. Kernels that run at once on one device (inter-op threads) overlap in busy time, so
-busy can be less than kernel plus executor time. `write_chrome_trace` writes the same stats as a trace that
-TensorBoard's trace viewer and chrome://tracing open, one row per device.
+busy can be less than kernel plus executor time. `write_chrome_trace` writes the same
+stats as a trace that TensorBoard's trace viewer and chrome://tracing open, one row per
+device.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The ILP of one cut (`ilp_minimum`; `exact.ilp_level` as a LevelResult), over the DP's own choices and byte vectors (`LevelModel`).
+"""The ILP of one cut (`ilp_minimum`; `exact.ilp_level` as a LevelResult), over the DP's
+own choices and byte vectors (`LevelModel`).
 Binary x[g,s]: group g stores state s; y[o,c] in [0, 1]: op o runs choice c; v[o,c,g] is
 the sum of the vectors of op o's tensors in group g under c (+inf: a state the choice
 cannot meet; only the joint problem below has those). Two exact linearisations:

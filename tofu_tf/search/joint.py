@@ -1,4 +1,5 @@
-"""Joint optimum of all levels (`joint_optimum`): the recursion fixes level 1 before it
+"""The joint problem of all levels (`joint_model`; `exact.joint_optimum` its optimum, and
+`Options.joint_choices` where the search solves it): the recursion fixes level 1 before it
 solves level 2; the joint problem minimises total = c_1 + k_1 c_2 + k_1 k_2 c_3 + ...
 over all levels' states and choices at once. It is a product-domain problem of the same
 form. A group's joint state is a path (X_1, X_2, ...) through its state tree: X_1 a
@@ -10,9 +11,9 @@ under c_l and its tensors take the part shapes under K_l (exactly `problem.sub_p
 restricted to one op), so its choices and vectors depend on (c_1, K_1, ..., c_l, K_l)
 only. The joint vector of group g is sum_l k_1...k_{l-1} v_l[X_l] on the paths through
 K_1[g], ..., K_{L-1}[g] and +inf elsewhere. `dp.solve` minimises it through the op tables
-(min over joint choices), the ILP above through the choices; both are exact and must
-agree. `JointModel.plan_cost` prices a recursive plan in it: equal to its total_bytes.
-`recursion_under` reruns the recursion with level 1 fixed to the joint optimum's
+(min over joint choices), the ILP (search/ilp.py) through the choices; both are exact and
+must agree. `JointModel.plan_cost` prices a recursive plan in it: equal to its total_bytes.
+`exact.recursion_under` reruns the recursion with level 1 fixed to the joint optimum's
 (`JointModel.first_level`): where it meets the joint optimum, the recursion's gap is
 all in level 1, chosen by its own cost without the levels below.
 
@@ -44,9 +45,8 @@ from tofu_tf.search.coarsen import CoarseGraph, coarsen
 from tofu_tf.search.ilp import DEFAULT_TIME_LIMIT, ilp_minimum, merged_vectors
 from tofu_tf.search.level import LevelModel, level_models
 from tofu_tf.search.problem import (Choice, Problem, ProblemOp, SearchCache, TensorSpec,
-                                    clamp_box,
-                                    cost_vectors, fetch_extra, make_choice, may_replicate,
-                                    output_spec, sub_problem)
+                                    clamp_box, cost_vectors, fetch_extra, make_choice,
+                                    may_replicate, output_spec, sub_problem)
 from tofu_tf.search.topology import Topology
 
 MAX_JOINT_CHOICES = 1_000_000        # joint choices summed over ops, before giving up
@@ -143,12 +143,8 @@ class _Walk:
     def count(self, more: int, context: _Context) -> None:
         self.choices += more
         if self.choices > self.limit:
-            raise JointTooLarge(
-                f"the joint problem has more than {self.limit} joint choices (op choices "
-                f"under every state combination of their groups at {len(self.ways)} levels "
-                f"{'x'.join(map(str, self.ways))}); it is meant for tiny graphs.",
-                node=context.op.name, op_type=context.op.sem.op_type,
-                fix="use fewer devices or a smaller model, or raise max_joint_choices.")
+            raise JointTooLarge.of(f"more than {self.limit}", self.ways, node=context.op.name,
+                                   op_type=context.op.sem.op_type)
 
     def root(self, model: LevelModel, op: ProblemOp) -> _Context:
         tensors = {t: model.problem.tensors[t] for t in op.inputs + op.outputs}
@@ -300,23 +296,22 @@ class JointModel:
                      for g, tree in enumerate(self.trees))
 
     def first_level(self, leaves: tuple[int, ...]) -> tuple[tuple[int, ...], dict[str, str]]:
-        """Level 1 of the joint states `leaves` (`fixed_levels`' first)."""
-        return self.fixed_levels(leaves)[0] if len(self.ways) > 1 else self._last(leaves)
-
-    def _last(self, leaves):
-        _, chosen = self.model.evaluate(leaves)
-        return tuple(leaves), {op: self.keys[op][c][-1] for op, c in chosen.items()}
+        """Level 1 of the joint states `leaves` (as `fixed_levels` gives each level)."""
+        return self._levels(leaves, 1)[0]
 
     def fixed_levels(self, leaves: tuple[int, ...]
                      ) -> list[tuple[tuple[int, ...], dict[str, str]]]:
         """Every level but the last of the joint states `leaves`, as the recursion's
         levels see them: each group's state index in that level's domain, and each op's
         choice label in the best joint choices under `leaves`."""
+        return self._levels(leaves, len(self.ways) - 1)
+
+    def _levels(self, leaves, count: int) -> list[tuple[tuple[int, ...], dict[str, str]]]:
         _, chosen = self.model.evaluate(leaves)
         paths = [tree.path(leaf) for tree, leaf in zip(self.trees, leaves)]
         return [(tuple(path[level] for path in paths),
                  {op: self.keys[op][c][2 * level] for op, c in chosen.items()})
-                for level in range(len(self.ways) - 1)]
+                for level in range(count)]
 
     def plan_cost(self, result: SearchResult) -> float:
         """The joint objective of a recursive plan's own states and choices; equals its
@@ -376,6 +371,14 @@ def _plan_key(result: SearchResult, op: str, scope: tuple[int, ...]) -> tuple:
 class JointTooLarge(TofuError):
     """The joint problem has more joint choices than its limit."""
 
+    @classmethod
+    def of(cls, count: str, ways: tuple[int, ...], **where) -> "JointTooLarge":
+        return cls(f"the joint problem has {count} joint choices (op choices under every "
+                   f"state combination of their groups at {len(ways)} levels "
+                   f"{'x'.join(map(str, ways))}); it is meant for tiny graphs.",
+                   fix="use fewer devices or a smaller model, or raise max_joint_choices.",
+                   **where)
+
 
 def joint_model(graph: Graph, topology: Topology, *,
                 entries: dict[str, OpEntry] | None = None,
@@ -389,22 +392,20 @@ def joint_model(graph: Graph, topology: Topology, *,
     entries = entries if entries is not None else catalog(graph, strict=True)
     coarse = coarse if coarse is not None else coarsen(graph, entries)
     root = next(level_models(graph, topology, entries, coarse, options, storage, cache))
-    if len(topology.ways) > 1:      # each (level-1 choice, its groups' states): >= 1 each
-        least = sum(len(choices) * math.prod(root.domains[g] for g in
-                                             {coarse.group_of[t] for t in op.inputs + op.outputs})
-                    for op in root.problem.ops for choices in [root.vectors[op.name]])
-        if least > max_joint_choices:
-            raise JointTooLarge(
-                f"the joint problem has at least {least} joint choices, more than "
-                f"{max_joint_choices}; it is meant for tiny graphs.",
-                fix="use fewer devices or a smaller model, or raise max_joint_choices.")
     base, ways = root.problem, topology.ways
+    scopes = {op.name: tuple(sorted({coarse.group_of[t] for t in op.inputs + op.outputs}))
+              for op in base.ops}
+    if len(ways) > 1:       # each level-1 choice under each state of its groups: >= 1 each
+        least = sum(len(root.vectors[op]) * math.prod(root.domains[g] for g in scope)
+                    for op, scope in scopes.items())
+        if least > max_joint_choices:
+            raise JointTooLarge.of(f"at least {least}, more than {max_joint_choices},", ways)
     trees = tuple(state_tree(base.tensors[members[0]], base, ways)
                   for members in coarse.members)
     walk = _Walk(base, coarse, ways, max_joint_choices)
     vectors, keys = {}, {}
     for op in base.ops:
-        scope = tuple(sorted({coarse.group_of[t] for t in op.inputs + op.outputs}))
+        scope = scopes[op.name]
         choices = _joint_choices(walk, walk.root(root, op), scope,
                                  [trees[g] for g in scope], 0)
         keys[op.name] = [key for key, _ in choices]

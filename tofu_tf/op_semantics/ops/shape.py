@@ -291,23 +291,24 @@ def _split_local(ctx, local, x_input: int, axis: int, pieces: list[int]):
     crops = list(local.output_crops)
     if not split and (a, b) == (0, extent):
         return local
+
+    def crop_piece(o: int, keep: tuple[int, int]):
+        """Output o's kernel piece along the axis, cropped to `keep` there."""
+        local_y = set_item(sizes(local.output_slices[o]), axis, pieces[o])
+        return crop_or_none(set_item([(0, n) for n in local_y], axis, keep), local_y)
+
     if split and len(split) == len(crops):
-        piece = pieces[0]
-        pad = (0, len(crops) * piece - (b - a))
+        pad = (0, len(crops) * pieces[0] - (b - a))
         for o in split:
             start, stop = local.output_slices[o][axis]
-            local_y = set_item(sizes(local.output_slices[o]), axis, piece)
-            crops[o] = crop_or_none(set_item([(0, n) for n in local_y], axis, (0, stop - start)), local_y)
+            crops[o] = crop_piece(o, (0, stop - start))
     elif split:
         pad = (a, extent - b)
         for o in split:
             crops[o] = local.output_slices[o]
     else:
         pad = (a, extent - b)
-        for o, share in enumerate(local.output_slices):
-            local_y = set_item(sizes(share), axis, pieces[o])
-            crops[o] = crop_or_none(set_item([(0, n) for n in local_y], axis, share[axis]),
-                                    local_y)
+        crops = [crop_piece(o, share[axis]) for o, share in enumerate(local.output_slices)]
     pads = set_item(local.input_pads[x_input], axis, pad)
     return replace(local, **zero_padded(local, x_input, pads), output_crops=tuple(crops))
 
