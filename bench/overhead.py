@@ -17,7 +17,10 @@ devices' idle time (each device's wall time not busy), all summed over devices. 
 CPUs share the host's cores and memory, so this measures the rewrite's cost (more, smaller
 kernels and their plumbing), not a speedup: about 1x is the floor once compute dominates.
 The tiny configs are the reference models' defaults (per-op overhead dominates); the
-medium ones run a step in seconds. Also the step's bytes three ways: the search's model,
+medium ones run a step in seconds. For tiny configs also the floor of any plan that runs
+every op on every device: N whole copies of the unpartitioned step, one per device, in one
+session (no transfers at all), timed paired against one copy (`--floor`). Also the step's
+bytes three ways: the search's model,
 the plan's prediction of the emitted step and the ledger's step total.
 Results: bench/results/overhead.json and overhead.md (rows merged by config, devices,
 sequential setting and the code measured, `--label` or the package's commit, so that two
@@ -43,6 +46,8 @@ flags.DEFINE_integer("warmup", 3, "untimed steps first (medium: 1)")
 flags.DEFINE_bool("sequential", True, "Options.sequential: chain each device's ops")
 flags.DEFINE_integer("replicate_below", 0, "Options.replicate_below: tensors with fewer "
                      "elements may be stored replicated (0: every tensor 1/N)")
+flags.DEFINE_bool("floor", True, "tiny configs: also time N whole copies of the step, one "
+                  "per device (the floor of a plan that runs every op on every device)")
 flags.DEFINE_bool("fresh", False, "drop the stored rows first")
 flags.DEFINE_string("label", "", "the code measured, kept with each row (default: the "
                                  "commit of the tofu_tf package imported)")
@@ -105,23 +110,51 @@ def measure(config: str, device_counts: list[int]) -> list[dict]:
                 single, parted = paired_medians(lambda: single_device.run(feeds),
                                                 lambda: runner.run(feeds), steps, warmup)
                 stats, _ = step_stats(runner.session, optimized.fetches, feeds)
+            floor = (copies_ratio(step, feeds, devices, steps, warmup)
+                     if FLAGS.floor and not medium else None)
             if whole is None:          # traced warm, as the partitioned step is
                 whole = StepProfile.of(step_stats(single_device.session, step.fetches,
                                                   feeds)[0])
             rows.append(_row(config, model, medium, devices, steps, step, optimized, whole,
-                             StepProfile.of(stats, optimized.op_nodes), single, parted))
+                             StepProfile.of(stats, optimized.op_nodes), single, parted,
+                             floor))
     return rows
 
 
+def copies_ratio(step, feeds, devices: int, steps: int, warmup: int) -> float:
+    """Median seconds of `devices` whole copies of the step (one per device, one session,
+    nothing crossing devices) over those of one copy, timed paired."""
+    import tensorflow as tf
+
+    from tofu_tf.runtime.session import session_config
+    runs = []
+    for copies in (1, devices):
+        graph = tf.Graph()
+        with graph.as_default():
+            for i in range(copies):
+                with tf.device(f"/device:CPU:{i}"):
+                    tf.graph_util.import_graph_def(step.graph_def, name=f"copy{i}")
+        session = tf.compat.v1.Session(graph=graph, config=session_config(copies))
+        session.run([f"copy{i}/{step.init_op}" for i in range(copies)])
+        fetches = [f"copy{i}/{f}" for i in range(copies) for f in step.fetches]
+        fed = {f"copy{i}/{k}": v for i in range(copies) for k, v in feeds.items()}
+        runs.append((session, fetches, fed))
+    one, many = paired_medians(*(functools.partial(s.run, f, d) for s, f, d in runs),
+                               steps, warmup)
+    for session, _, _ in runs:
+        session.close()
+    return many / one
+
+
 def _row(config, model, medium, devices, steps, step, optimized, whole, profile, single,
-         parted) -> dict:
+         parted, floor) -> dict:
     row = {
         "config": config, "model": model, "medium": medium, "devices": devices,
         "code": code_label(), "cpu": cpu(),
         "sequential": FLAGS.sequential, "replicate_below": FLAGS.replicate_below,
         "steps": steps,
         "single_seconds": single, "partitioned_seconds": parted,
-        "ratio": parted / single,
+        "ratio": parted / single, "copies_ratio": floor,
         "nodes_single": len(step.graph_def.node),
         "nodes_partitioned": len(optimized.graph_def.node),
         "nodes_per_device": len(optimized.graph_def.node) / devices,
@@ -132,7 +165,8 @@ def _row(config, model, medium, devices, steps, step, optimized, whole, profile,
         "predicted_bytes": optimized.plan.predicted_bytes,
         "ledger_step_bytes": optimized.ledger.step_bytes, "timing": "paired"}
     print(f"{config} @{devices}: {1e3 * single:.2f} ms -> {1e3 * parted:.2f} ms "
-          f"({parted / single:.2f}x), {len(optimized.graph_def.node)} nodes", flush=True)
+          f"({parted / single:.2f}x), {len(optimized.graph_def.node)} nodes"
+          + (f", {devices} copies {floor:.2f}x" if floor else ""), flush=True)
     return row
 
 
@@ -155,6 +189,7 @@ def table(stored: dict) -> str:
     timing = [[r["config"], r["devices"], setting(r), r.get("code", "?"),
                machines.index(r["cpu"]) + 1, r.get("timing", "blocks"),
                _ms(r["single_seconds"]), _ms(r["partitioned_seconds"]), f"{r['ratio']:.2f}",
+               f"{r['copies_ratio']:.2f}" if r.get("copies_ratio") else "",
                r["nodes_single"], f"{r['nodes_per_device']:.0f}", f"{r['plan_bytes']:.0f}",
                r["predicted_bytes"], r["ledger_step_bytes"]] for r in rows]
     def executor(p: dict) -> str:
@@ -179,12 +214,14 @@ def table(stored: dict) -> str:
         "is the floor once compute dominates. Options: seq/free, `Options.sequential` on/off (a "
         "control chain through each device's ops); replicated < n, `Options.replicate_below`"
         " = n (smaller tensors may be stored whole on every device; default 0: every tensor "
-        "1/N). Machines (column cpu): "
+        "1/N). N copies: N whole copies of the unpartitioned step, one per device, in one "
+        "session, over one copy (tiny configs): the floor of any plan that runs every op on "
+        "every device. Machines (column cpu): "
         + "; ".join(f"{i + 1}: {m}" for i, m in enumerate(machines)) + ".",
         "",
         markdown_table(["config", "devices", "options", "code", "cpu", "timing",
                         "unpartitioned ms",
-                        "partitioned ms", "ratio", "nodes", "nodes per device",
+                        "partitioned ms", "ratio", "N copies", "nodes", "nodes per device",
                         "search model B", "predicted B", "ledger B"], timing),
         "",
         "## Where the time goes (one traced step, ms summed over devices)",
