@@ -272,10 +272,8 @@ def partition(graph: Graph, entries: Mapping[str, OpEntry], plan: Plan,
             continue
         dtypes = ([graph.tensors[t].dtype for t in op.inputs],
                   [graph.tensors[t].dtype for t in op.outputs])
-        shapes, steps = _asked_once(result_shapes), {}
-        ops[op.name] = _count_once(tuple(
-            device_op(entry.semantics, entry.strategies, labels, ways, coords[d], d, memo,
-                      dtypes, shapes, steps) for d in range(n)), coords)
+        ops[op.name] = device_ops(entry.semantics, entry.strategies, labels, ways, coords,
+                                  memo, dtypes, _asked_once(result_shapes))
         if key is not None:
             alike[key] = ops[op.name]
     return Partition(ways, stored, ops)
@@ -313,6 +311,40 @@ def _class_key(op, entry: OpEntry, labels: tuple[str, ...]) -> tuple | None:
 # max and min may count it any number of times.
 _ADDITIVE = ("sum", "mean")
 _IDEMPOTENT = ("max", "min")
+
+
+def device_ops(sem: Semantics, strategies, labels, ways, coords, memo: SemanticsMemo,
+               dtypes, result_shapes: ResultShapes | None = None) -> tuple[DeviceOp, ...]:
+    """Every device's op (`device_op`), agreeing on where each output is partial.
+
+    The devices of one reduction group must produce the same region of a partial output.
+    Below a split of a reduction (a convolution's taps), the parts' local ops differ (each
+    has its own taps), and a deeper split of their results can cut them differently; the
+    descent then ends above the level where they diverge, so each device runs a superset
+    of its share (always sound)."""
+    steps: dict = {}
+    depth = len(labels)
+    while True:
+        pieces = tuple(device_op(sem, strategies, labels[:depth], ways[:depth], c[:depth], d,
+                                 memo, dtypes, result_shapes, steps)
+                       for d, c in enumerate(coords))
+        if depth == 1 or not _groups_diverge(pieces, coords):
+            return _count_once(pieces, coords)
+        depth -= 1
+
+
+def _groups_diverge(pieces: tuple[DeviceOp, ...], coords) -> bool:
+    """Whether two devices of one reduction group hold different boxes of a partial output."""
+    for o in range(len(pieces[0].outputs)):
+        levels = {lvl for p in pieces for lvl in p.outputs[o].partial_levels}
+        if not levels:
+            continue
+        boxes: dict[tuple, Box] = {}
+        for piece, c in zip(pieces, coords):
+            group = tuple(p for lvl, p in enumerate(c) if lvl not in levels)
+            if boxes.setdefault(group, piece.outputs[o].box) != piece.outputs[o].box:
+                return True
+    return False
 
 
 def _count_once(pieces: tuple[DeviceOp, ...], coords) -> tuple[DeviceOp, ...]:

@@ -19,6 +19,10 @@ Findings: `wrong` (a part disagrees with the unsplit op), `error` (the local ker
 input dim taken whole although cutting it like the output gives the right answer — a
 split the description hides),
 `unsampled` (a described op with no sample). Exit status is non-zero on any of them.
+
+With --levels=2 (the default), every strategy is also composed with every strategy of its
+part's local op, two levels of 2 parts each, as the emitter composes them
+(validate_levels.py): a description right for the whole op can be wrong for a local op.
 """
 
 from __future__ import annotations
@@ -28,26 +32,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tofu_tf.errors import TofuError
+from tofu_tf.tools.kernels import (Finding, _close, _combine, _expected, _Instance,
+                                   _run_local, _same)
+from tofu_tf.tools.validate_levels import check_levels
 
 SOURCE_OPS = frozenset({"Const", "Placeholder", "PlaceholderWithDefault", "VarHandleOp",
                         "NoOp"})
 FAILING_KINDS = ("wrong", "error", "missing", "unsampled")
-
-
-@dataclass(frozen=True)
-class Finding:
-    kind: str       # wrong | error | missing | unsampled | unrunnable | undetermined
-    op_type: str
-    sample: str
-    strategy: str = ""
-    k: int = 0
-    part: int = -1
-    message: str = ""
-
-    def __str__(self) -> str:
-        where = f" {self.strategy} k={self.k} part={self.part}" if self.strategy else ""
-        return f"{self.kind.upper():9s} {self.sample}{where}: {self.message}"
 
 
 @dataclass
@@ -61,183 +52,6 @@ class Report:
     @property
     def failures(self) -> list[Finding]:
         return [f for f in self.findings if f.kind in FAILING_KINDS]
-
-
-class _Instance:
-    """One op to validate: its NodeDef, real input values, semantics (described from the
-    kernel's own output shapes). Built from a sample (`from_sample`) or from an op of a
-    real training graph with the values its inputs had in a step (`validate_graph`)."""
-
-    def __init__(self, node_def, values, resource, input_dtypes, consts, output_dtypes):
-        from tofu_tf.op_semantics.registry import describe
-        from tofu_tf.importer.tf_attrs import python_attrs
-        self.node_def = node_def
-        self.op_type = node_def.op
-        self.num_outputs = len(output_dtypes)
-        self.resource = list(resource)
-        self.values = list(values)
-        self.input_dtypes = list(input_dtypes)
-        shapes = [np.shape(v) for v in self.values]
-        dtypes = [np.asarray(v).dtype.name for v in self.values]
-        # The kernel's own output shapes: a static shape may be unknown (FusedBatchNormV3's
-        # reserve_space_3) or differ from what the kernel returns (its gradient's (0,) vs ()).
-        self.sem = None
-        out_shapes = [r.shape for r in self.run(self.values)]
-        self.sem = describe(node_def.name, self.op_type, python_attrs(node_def), shapes,
-                            dtypes, out_shapes, list(output_dtypes), consts)
-
-    def with_random_floats(self, seed: int = 0) -> "_Instance":
-        """The same op on random floating inputs of the same shapes (meta, integer and
-        boolean inputs kept): for the loose-region oracle, which the structure of real
-        values (a ReLU mask's zeros, a slot still zero) can fool."""
-        import copy
-        rng = np.random.default_rng(seed)
-        other = copy.copy(self)
-        other.values = [
-            value if i in self.sem.meta_inputs or not np.issubdtype(np.asarray(value).dtype,
-                                                                    np.floating)
-            else rng.uniform(-2.0, 2.0, np.shape(value)).astype(np.asarray(value).dtype)
-            for i, value in enumerate(self.values)]
-        return other
-
-    @classmethod
-    def from_sample(cls, sample, seed: int = 0) -> "_Instance":
-        import tensorflow as tf
-        rng = np.random.default_rng(seed)
-        graph = tf.Graph()
-        feeds, variables = {}, {}
-        with graph.as_default():
-            built = []
-            for a in sample.args:
-                value = a.make(rng)
-                if a.kind == "input":
-                    ph = tf.compat.v1.placeholder(a.dtype, a.shape)
-                    feeds[ph] = value
-                    built.append(ph)
-                elif a.kind == "const":
-                    built.append(tf.constant(value, dtype=a.dtype))
-                else:
-                    v = tf.Variable(value, dtype=a.dtype)
-                    variables[v.handle.op.name] = value
-                    built.append(v)
-            sample.build(*built)
-        targets = [op for op in graph.get_operations() if op.type == sample.op_type]
-        if not targets:
-            raise TofuError(f"sample {sample.id} builds no {sample.op_type} op.")
-        op = targets[-1]
-        resource = [t.dtype == tf.resource for t in op.inputs]
-        values = cls._input_values(op, graph, feeds, variables)
-        consts = {i: values[i] for i, t in enumerate(op.inputs) if t.op.type == "Const"}
-        input_dtypes = [t.dtype.base_dtype if not r else None
-                        for t, r in zip(op.inputs, resource)]
-        return cls(op.node_def, values, resource, input_dtypes, consts,
-                   [t.dtype.name for t in op.outputs])
-
-    @staticmethod
-    def _input_values(op, graph, feeds, variables) -> list[np.ndarray]:
-        import tensorflow as tf
-        with tf.compat.v1.Session(graph=graph) as sess:
-            sess.run(tf.compat.v1.initializers.variables(
-                graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)))
-            plain = [t for t in op.inputs if t.dtype != tf.resource]
-            fetched = iter(sess.run(plain, feeds))
-        return [np.asarray(variables[t.op.name]) if t.dtype == tf.resource else next(fetched)
-                for t in op.inputs]
-
-    def run(self, values, attr_changes=None) -> list[np.ndarray]:
-        """Run the op's kernel eagerly; outputs, then the new values of updated inputs."""
-        import tensorflow as tf
-        from tensorflow.python.eager import context, execute
-        from tofu_tf.importer.tf_attrs import execute_attrs
-        inputs, holders = [], {}
-        for i, value in enumerate(values):
-            if self.resource[i]:
-                holders[i] = tf.Variable(value)
-                inputs.append(holders[i].handle)
-            else:
-                inputs.append(tf.constant(value, dtype=self.input_dtypes[i]))
-        outs = execute.execute(self.op_type.encode(), self.num_outputs, inputs,
-                               execute_attrs(self.node_def.attr, attr_changes),
-                               context.context())
-        results = [o.numpy() for o in (outs or [])]
-        for update in (self.sem.updates if self.sem is not None else ()):
-            results.append(holders[update.alias].numpy())
-        return results
-
-
-def _cut(value: np.ndarray, slices, pads, fill) -> np.ndarray:
-    part = value[tuple(slice(a, b) for a, b in slices)]
-    if pads is not None and any(p0 < 0 or p1 < 0 for p0, p1 in pads):
-        # A region wholly past the tensor's edge: an empty slice whose pads place it (one
-        # may be negative); the part reads fill only, as the emitter's Fill gives it.
-        shape = tuple(b - a + p0 + p1 for (a, b), (p0, p1) in zip(slices, pads))
-        return np.full(shape, fill if fill is not None else 0, dtype=value.dtype)
-    if pads is not None and any(p0 or p1 for p0, p1 in pads):
-        part = np.pad(part, pads, constant_values=fill if fill is not None else 0)
-    return part
-
-
-def _close(got: np.ndarray, want: np.ndarray) -> str | None:
-    if got.shape != want.shape:
-        return f"shape {list(got.shape)} != expected {list(want.shape)}"
-    if want.dtype.kind in "fc":
-        scale = max(1.0, float(np.max(np.abs(want))) if want.size else 1.0)
-        if not np.allclose(got, want, rtol=1e-4, atol=1e-5 * scale, equal_nan=True):
-            return f"max abs error {float(np.max(np.abs(got - want))):.3g}"
-        return None
-    if not np.array_equal(got, want):
-        return f"{int(np.sum(got != want))} of {want.size} elements differ"
-    return None
-
-
-def _unwritten(inst) -> set[int]:
-    """Outputs TensorFlow's own kernel leaves unwritten (their buffers hold whatever was
-    there, which two runs may or may not reproduce): the reserve spaces of an inference
-    FusedBatchNorm."""
-    from tofu_tf.importer.tf_attrs import python_attrs
-    attrs = python_attrs(inst.node_def)
-    if inst.op_type.startswith("FusedBatchNorm") and "Grad" not in inst.op_type and \
-            not attrs.get("is_training", True):
-        return {3, 4}
-    return set()
-
-
-def _same(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.shape == b.shape and np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")
-
-
-def _combine(reducer: str, acc, value):
-    if acc is None:
-        return value
-    if reducer in ("sum", "mean"):
-        return acc + value
-    if reducer == "max":
-        return np.maximum(acc, value)
-    if reducer == "min":
-        return np.minimum(acc, value)
-    return acc * value
-
-
-def _attr_changes(sem, local) -> dict:
-    changes = {}
-    for key, value in local.attrs.items():
-        old = sem.attrs.get(key)
-        if key not in sem.attrs or not np.array_equal(np.asarray(old, dtype=object),
-                                                      np.asarray(value, dtype=object)):
-            changes[key] = value
-    return changes
-
-
-def _run_local(inst: _Instance, local) -> list[np.ndarray]:
-    """Cut the real inputs as `local` says, run the kernel, crop each output."""
-    values = [inst.values[i] if local.input_slices[i] is None
-              else _cut(inst.values[i], local.input_slices[i], local.input_pads[i],
-                        local.input_fills[i]) for i in range(len(inst.values))]
-    for i, value in local.const_inputs.items():
-        values[i] = np.asarray(value, dtype=inst.values[i].dtype)
-    results = inst.run(values, _attr_changes(inst.sem, local))
-    return [np.asarray(r if crop is None else r[tuple(slice(a, b) for a, b in crop)])
-            for r, crop in zip(results, local.output_crops)]
 
 
 def check_strategy(inst: _Instance, strategy, k: int, expected, sample_id: str
@@ -363,7 +177,8 @@ def missing_dims(sem, strategies, sample_id: str) -> list[Finding]:
     return findings
 
 
-def validate_sample(sample, ks=(2, 3, 4), report: Report | None = None) -> Report:
+def validate_sample(sample, ks=(2, 3, 4), report: Report | None = None, levels: int = 2
+                    ) -> Report:
     report = report or Report()
     report.samples += 1
     try:
@@ -378,14 +193,15 @@ def validate_sample(sample, ks=(2, 3, 4), report: Report | None = None) -> Repor
                                        message=f"sample does not build or run: "
                                                f"{type(err).__name__}: {err}"[:400]))
         return report
-    return validate_instance(inst, sample.id, ks, report)
+    return validate_instance(inst, sample.id, ks, report, levels=levels)
 
 
 def validate_instance(inst: _Instance, sample_id: str, ks=(2, 3, 4),
-                      report: Report | None = None, oracle: _Instance | None = None
-                      ) -> Report:
+                      report: Report | None = None, oracle: _Instance | None = None,
+                      levels: int = 2) -> Report:
     """Every strategy of one instance against its whole op, for each k in `ks`; `oracle`:
-    the instance the loose-region oracle runs on (default: `inst`)."""
+    the instance the loose-region oracle runs on (default: `inst`); `levels` 2: also every
+    two-level composition (2 x 2 parts), 1: one level only."""
     from tofu_tf.op_semantics.analysis import analyze
     report = report or Report()
     op_type = inst.op_type
@@ -405,18 +221,14 @@ def validate_instance(inst: _Instance, sample_id: str, ks=(2, 3, 4),
                 report.findings.extend(check_strategy(inst, strategy, k, expected, sample_id))
         if ks:
             report.findings.extend(loose_regions(oracle, strategy, oracle_expected, sample_id))
+    if ks and levels >= 2:
+        checks, findings = check_levels(inst, strategies, expected, sample_id)
+        report.checks += checks
+        report.findings.extend(findings)
     return report
 
 
-def _expected(inst: _Instance) -> list:
-    """The whole op's outputs; those the kernel leaves undetermined (two runs on the same
-    inputs differ, or the kernel is known not to write them: `_unwritten`) are None."""
-    expected, again = inst.run(inst.values), inst.run(inst.values)
-    return [None if o in _unwritten(inst) or not _same(a, b) else a
-            for o, (a, b) in enumerate(zip(expected, again))]
-
-
-def validate(op_types=None, ks=(2, 3, 4)) -> Report:
+def validate(op_types=None, ks=(2, 3, 4), levels: int = 2) -> Report:
     """Validate every sample (of `op_types`, if given) and report unsampled ops."""
     from tofu_tf.op_semantics.registry import registered
     from tofu_tf.op_semantics.samples import all_samples
@@ -424,7 +236,7 @@ def validate(op_types=None, ks=(2, 3, 4)) -> Report:
     wanted = set(op_types) if op_types else None
     samples = [s for s in all_samples() if wanted is None or s.op_type in wanted]
     for s in samples:
-        validate_sample(s, ks, report)
+        validate_sample(s, ks, report, levels)
     sampled = {s.op_type for s in all_samples()}
     for op_type, desc in sorted(registered().items()):
         if wanted is not None and op_type not in wanted:
@@ -479,7 +291,7 @@ def _graph_instance(node_def, ins, outs, inputs, constants) -> _Instance:
                      constants, [t.dtype for t in outs])
 
 
-def validate_graph(imported, feeds, values, ks=(2, 3, 4)) -> Report:
+def validate_graph(imported, feeds, values, ks=(2, 3, 4), levels: int = 2) -> Report:
     """Every strategy of every distinct described op of a real training graph, on the
     values its inputs had in a step (see `graph_instances`): the shapes, strides, paddings,
     dilations and data formats the model's layers really use. The loose-region oracle runs
@@ -487,7 +299,8 @@ def validate_graph(imported, feeds, values, ks=(2, 3, 4)) -> Report:
     report = Report()
     for sample_id, inst in graph_instances(imported, feeds, values):
         report.samples += 1
-        validate_instance(inst, sample_id, ks, report, oracle=inst.with_random_floats())
+        validate_instance(inst, sample_id, ks, report, oracle=inst.with_random_floats(),
+                          levels=levels)
     return report
 
 
@@ -501,7 +314,8 @@ def main(argv) -> int:
         report = Report()
         for name in FLAGS.model.split(","):
             case = model_case(name, steps=1, dtype=FLAGS.dtype, batch_size=FLAGS.batch_size)
-            part = validate_graph(case.imported, case.batches[0], case.values, ks)
+            part = validate_graph(case.imported, case.batches[0], case.values, ks,
+                                  FLAGS.levels)
             report.samples += part.samples
             report.checks += part.checks
             report.strategies += part.strategies
@@ -509,7 +323,7 @@ def main(argv) -> int:
             for op_type, lines in part.by_op.items():
                 report.by_op.setdefault(op_type, []).extend(lines)
     else:
-        report = validate(ops, ks)
+        report = validate(ops, ks, FLAGS.levels)
     if FLAGS.verbose:
         for op_type, lines in sorted(report.by_op.items()):
             print(op_type)
@@ -527,6 +341,8 @@ def _define_flags() -> None:
     from absl import flags
     flags.DEFINE_string("op", "", "comma-separated op types to validate (default: all)")
     flags.DEFINE_string("k", "2,3,4", "comma-separated split counts")
+    flags.DEFINE_integer("levels", 2, "2: also compose every strategy with every strategy "
+                         "of its part's local op (2 x 2 parts); 1: one level only")
     flags.DEFINE_bool("verbose", False, "print every strategy")
     flags.DEFINE_string("model", "", "validate the ops of these models' training graphs "
                         "(reference or Keras, comma-separated) on their real inputs, "

@@ -131,7 +131,10 @@ def window_axes(attrs: Mapping[str, Any], layout: Layout, in_shape: Sequence[int
         if padding == "VALID":
             before = 0
         elif padding == "SAME":
-            before = max(span - size, 0) // 2
+            # TensorFlow pads for its whole result, ceil(size / s) rows; a local op
+            # described with fewer (the leading rows of a cropped result) pads the same.
+            whole = (-(-size // s) - 1) * s + (k - 1) * d + 1 if out < -(-size // s) else span
+            before = max(whole - size, 0) // 2
         elif padding == "EXPLICIT" and len(explicit) == 2 * layout.rank:
             before = int(explicit[2 * dim])
         else:

@@ -257,7 +257,7 @@ def _avg_pool_grad_local(ctx, local):
     """Unpadded: a VALID transposed window with the part's taps (as Conv2DBackpropInput).
     Padded: SAME on an aligned region (`_same_grad_region`) with exactly its dy rows."""
     sem = ctx.sem
-    layout, axes = _hook_axes(sem, sem.output_shapes[0], sem.input_shapes[1])
+    layout, axes = _hook_axes(sem, _dx_shape(sem.constants[0]), sem.input_shapes[1])
     out = local.output_slices[0]
     sizes = [b - a for a, b in out]
     crop = [(0, b - a) for a, b in out]
@@ -276,6 +276,13 @@ def _avg_pool_grad_local(ctx, local):
         sizes[dim], crop[dim] = stop - start, (out[dim][0] - start, out[dim][1] - start)
     return replace(local, input_slices=(None, tuple(slices)),
                    const_inputs={0: int_const(sizes)}, output_crops=(tuple(crop),))
+
+
+def _dx_shape(orig_input_shape) -> tuple[int, ...]:
+    """The shape of the kernel's whole result: its orig_input_shape input. A local op may
+    be described with the leading rows of it only; SAME's padding and counts are those of
+    the whole."""
+    return tuple(int(v) for v in orig_input_shape)
 
 
 def _same_grad_region(axis, lo: int, hi: int) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -300,8 +307,7 @@ def avg_pool_grad(ctx):
     """Unpadded: dx[n, i.., c] = Mean(k..: dy.padded(0)[n, (i - k) / s, c], s divides).
     Padded (SAME): Sum over the windows o near i that hold i of dy[n, o.., c] / count(o)."""
     _, dy = ctx.inputs
-    ctx.const(0)
-    dx_shape = ctx.output_shapes[0]
+    dx_shape = _dx_shape(ctx.const(0))
     layout = layout_of(ctx, len(dx_shape))
     axes = _axes(ctx, ctx.attrs, layout, dx_shape, dy.shape)
     names = ("n", layout.spatial_names, "c")

@@ -1,0 +1,137 @@
+"""Two levels composed: every strategy of an op, then every strategy of its part's local op.
+
+A plan over a topology of several levels splits an op at level 1, re-describes part p1's
+local op and splits that at level 2, and so on (rewrite/partition.py, `device_op`). The
+single-level checks of validate.py prove each description right on the whole op; they
+cannot see a description that is right for the whole op but wrong for a local op (Split
+once took its output offsets from its outputs' sizes, which equal the kernel's pieces
+only at level 1: the second level read the wrong columns). So this check runs the
+emitter's own composition:
+
+    for s1 in strategies(op), valid for k1:
+        for s2 in strategies(local op of part 0 under s1), valid for k2:
+            for every device (p1, p2): device_op(op, (s1, s2), (k1, k2), (p1, p2))
+                cut the real inputs to the device's input pieces, run the kernel with
+                the device's attrs, crop each output to its piece;
+            an output split at every level equals its share of the whole op's output;
+            a partial one, combined over the devices that differ only at its partial
+            levels, equals its share.
+
+The kernel's result shapes, which a local op that crops its result needs to be
+described, come from running the kernel on zeros of the local shapes.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from tofu_tf.tools.kernels import Finding, _attr_changes, _close, _combine, _cut, _Instance
+
+
+def check_levels(inst: _Instance, strategies, expected, sample_id: str, ways=(2, 2)
+                 ) -> tuple[int, list[Finding]]:
+    """(checks run, findings) of every two-level composition of `inst`'s strategies."""
+    from tofu_tf.op_semantics.localize import localize
+    from tofu_tf.op_semantics.memo import SemanticsMemo
+    from tofu_tf.rewrite.partition import _next_level
+    memo, dtypes = SemanticsMemo(), _dtypes(inst)
+    shapes = _result_shapes(inst)
+    checks, findings = 0, []
+    for first in strategies:
+        if not first.valid_for(ways[0]):
+            continue
+        local = localize(inst.sem, first, ways[0], 0)
+        described = _next_level(inst.sem, local, memo, dtypes, shapes)
+        if described is None:
+            continue
+        for second in described[1]:
+            if second.valid_for(ways[1]):
+                checks += 1
+                findings += check_composition(inst, strategies, (first.label, second.label),
+                                              ways, expected, sample_id, memo, dtypes, shapes)
+    return checks, findings
+
+
+def check_composition(inst: _Instance, strategies, labels, ways, expected, sample_id: str,
+                      memo, dtypes, result_shapes) -> list[Finding]:
+    """Every device's piece of the op under `labels` (one per level) against the whole."""
+    from tofu_tf.errors import TofuError
+    from tofu_tf.rewrite.partition import device_ops, nonempty
+    where = dict(op_type=inst.op_type, sample=sample_id,
+                 strategy=" then ".join(labels), k=int(np.prod(ways)))
+    combined: dict[tuple, tuple] = {}            # (output, group) -> (box, reducer, value)
+    findings = []
+    coordinates = list(itertools.product(*(range(k) for k in ways)))
+    try:
+        pieces = device_ops(inst.sem, strategies, labels, ways, coordinates, memo, dtypes,
+                            result_shapes)
+    except TofuError as err:                     # refused with a typed error: no number
+        return [Finding("refused", message=f"{type(err).__name__}: {err}"[:300], **where)]
+    for device, (coords, piece) in enumerate(zip(coordinates, pieces)):
+        if piece.outputs and not any(nonempty(out.box) for out in piece.outputs):
+            continue                                      # an empty part computes nothing
+        try:
+            results = _run_piece(inst, piece)
+        except Exception as err:  # a failing kernel is a finding, not a crash
+            return [Finding("error", part=device, message=f"{type(err).__name__}: "
+                            f"{str(err).splitlines()[0][:300]}", **where)]
+        for o, (out, result) in enumerate(zip(piece.outputs, results)):
+            if expected[o] is None or not nonempty(out.box):
+                continue
+            result = result[_slices(out.crop)] * out.scale if out.scale != 1.0 \
+                else result[_slices(out.crop)]
+            if out.partial_levels:
+                group = tuple(c for level, c in enumerate(coords)
+                              if level not in out.partial_levels)
+                box, _, acc = combined.get((o, group), (out.box, out.reducer, None))
+                if box != out.box:
+                    findings.append(Finding("wrong", part=device, message=(
+                        f"output {o}: partial pieces of one group hold different boxes "
+                        f"{box} and {out.box}"), **where))
+                    continue
+                combined[(o, group)] = (box, out.reducer, _combine(out.reducer, acc, result))
+                continue
+            problem = _close(np.asarray(result), expected[o][_slices(out.box)])
+            if problem:
+                findings.append(Finding("wrong", part=device,
+                                        message=f"output {o} {out.box}: {problem}", **where))
+    for (o, group), (box, _, value) in combined.items():
+        problem = _close(np.asarray(value, dtype=expected[o].dtype), expected[o][_slices(box)])
+        if problem:
+            findings.append(Finding("wrong", message=f"output {o} {box} combined over the "
+                                    f"partial levels of group {group}: {problem}", **where))
+    return findings
+
+
+def _run_piece(inst: _Instance, piece) -> list[np.ndarray]:
+    values = [inst.values[i] if p is None else _cut(inst.values[i], p.data, p.pads, p.fill)
+              for i, p in enumerate(piece.inputs)]
+    for i, value in piece.const_inputs.items():
+        values[i] = np.asarray(value, dtype=np.asarray(inst.values[i]).dtype)
+    return inst.run(values, _attr_changes(inst.sem, piece.attrs))
+
+
+def _dtypes(inst: _Instance) -> tuple[list[str], list[str]]:
+    return ([np.asarray(v).dtype.name for v in inst.values], list(inst.output_dtypes))
+
+
+def _result_shapes(inst: _Instance):
+    """The caller's shape inference of partition.device_op: the kernel run on zeros."""
+    def shapes(op_name, local, in_shapes):
+        del op_name
+        values = [np.zeros(shape, dtype=np.asarray(v).dtype)
+                  for shape, v in zip(in_shapes, inst.values)]
+        for i, value in local.const_inputs.items():
+            values[i] = np.asarray(value, dtype=values[i].dtype)
+        try:
+            results = inst.run(values, _attr_changes(inst.sem, local.attrs))
+        except Exception:  # noqa: BLE001 -- unknown shapes end the descent, as in the emitter
+            return None
+        return [r.shape for r in results[:inst.num_outputs]]
+    return shapes
+
+
+def _slices(box) -> tuple[slice, ...]:
+    return tuple(slice(a, b) for a, b in box)
