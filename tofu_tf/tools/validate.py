@@ -23,6 +23,7 @@ split the description hides),
 With --levels=2 (the default), every strategy is also composed with every strategy of its
 part's local op, two levels of 2 parts each, as the emitter composes them
 (validate_levels.py): a description right for the whole op can be wrong for a local op.
+--levels=3 composes three (2x2x2, the 8-device default topology).
 """
 
 from __future__ import annotations
@@ -200,8 +201,8 @@ def validate_instance(inst: _Instance, sample_id: str, ks=(2, 3, 4),
                       report: Report | None = None, oracle: _Instance | None = None,
                       levels: int = 2) -> Report:
     """Every strategy of one instance against its whole op, for each k in `ks`; `oracle`:
-    the instance the loose-region oracle runs on (default: `inst`); `levels` 2: also every
-    two-level composition (2 x 2 parts), 1: one level only."""
+    the instance the loose-region oracle runs on (default: `inst`); `levels` L >= 2: also
+    every composition of L levels of 2 parts each; 1: one level only."""
     from tofu_tf.op_semantics.analysis import analyze
     report = report or Report()
     op_type = inst.op_type
@@ -222,7 +223,8 @@ def validate_instance(inst: _Instance, sample_id: str, ks=(2, 3, 4),
         if ks:
             report.findings.extend(loose_regions(oracle, strategy, oracle_expected, sample_id))
     if ks and levels >= 2:
-        checks, findings = check_levels(inst, strategies, expected, sample_id)
+        checks, findings = check_levels(inst, strategies, expected, sample_id,
+                                        (2,) * levels)
         report.checks += checks
         report.findings.extend(findings)
     return report
@@ -341,8 +343,8 @@ def _define_flags() -> None:
     from absl import flags
     flags.DEFINE_string("op", "", "comma-separated op types to validate (default: all)")
     flags.DEFINE_string("k", "2,3,4", "comma-separated split counts")
-    flags.DEFINE_integer("levels", 2, "2: also compose every strategy with every strategy "
-                         "of its part's local op (2 x 2 parts); 1: one level only")
+    flags.DEFINE_integer("levels", 2, "L >= 2: also compose every strategy with every "
+                         "strategy of its part's local op, L levels of 2 parts; 1: one level")
     flags.DEFINE_bool("verbose", False, "print every strategy")
     flags.DEFINE_string("model", "", "validate the ops of these models' training graphs "
                         "(reference or Keras, comma-separated) on their real inputs, "

@@ -1,4 +1,4 @@
-"""Two levels composed: every strategy of an op, then every strategy of its part's local op.
+"""Levels composed: every strategy of an op, then every strategy of its part's local op, ...
 
 A plan over a topology of several levels splits an op at level 1, re-describes part p1's
 local op and splits that at level 2, and so on (rewrite/partition.py, `device_op`). The
@@ -9,8 +9,8 @@ only at level 1: the second level read the wrong columns). So this check runs th
 emitter's own composition:
 
     for s1 in strategies(op), valid for k1:
-        for s2 in strategies(local op of part 0 under s1), valid for k2:
-            for every device (p1, p2): device_op(op, (s1, s2), (k1, k2), (p1, p2))
+        for s2 in strategies(local op of part 0 under s1), valid for k2:   (and so on)
+            for every device (p1, p2): device_ops(op, (s1, s2), (k1, k2)), piece (p1, p2):
                 cut the real inputs to the device's input pieces, run the kernel with
                 the device's attrs, crop each output to its piece;
             an output split at every level equals its share of the whole op's output;
@@ -32,26 +32,34 @@ from tofu_tf.tools.kernels import Finding, _attr_changes, _close, _combine, _cut
 
 def check_levels(inst: _Instance, strategies, expected, sample_id: str, ways=(2, 2)
                  ) -> tuple[int, list[Finding]]:
-    """(checks run, findings) of every two-level composition of `inst`'s strategies."""
-    from tofu_tf.op_semantics.localize import localize
+    """(checks run, findings) of every composition of `inst`'s strategies over `ways`."""
     from tofu_tf.op_semantics.memo import SemanticsMemo
-    from tofu_tf.rewrite.partition import _next_level
     memo, dtypes = SemanticsMemo(), _dtypes(inst)
     shapes = _result_shapes(inst)
     checks, findings = 0, []
-    for first in strategies:
-        if not first.valid_for(ways[0]):
-            continue
-        local = localize(inst.sem, first, ways[0], 0)
-        described = _next_level(inst.sem, local, memo, dtypes, shapes)
-        if described is None:
-            continue
-        for second in described[1]:
-            if second.valid_for(ways[1]):
-                checks += 1
-                findings += check_composition(inst, strategies, (first.label, second.label),
-                                              ways, expected, sample_id, memo, dtypes, shapes)
+    for labels in _label_paths(inst.sem, strategies, ways, memo, dtypes, shapes):
+        checks += 1
+        findings += check_composition(inst, strategies, labels, ways, expected, sample_id,
+                                      memo, dtypes, shapes)
     return checks, findings
+
+
+def _label_paths(sem, strategies, ways, memo, dtypes, shapes):
+    """Every sequence of one strategy label per level: a strategy of the op valid for
+    ways[0], then the labels of its part-0 local op (re-described) over the rest."""
+    from tofu_tf.op_semantics.localize import localize
+    from tofu_tf.rewrite.partition import _next_level
+    for strategy in strategies:
+        if not strategy.valid_for(ways[0]):
+            continue
+        if len(ways) == 1:
+            yield (strategy.label,)
+            continue
+        described = _next_level(sem, localize(sem, strategy, ways[0], 0), memo, dtypes,
+                                shapes)
+        if described is not None:
+            for rest in _label_paths(*described, ways[1:], memo, dtypes, shapes):
+                yield (strategy.label, *rest)
 
 
 def check_composition(inst: _Instance, strategies, labels, ways, expected, sample_id: str,
