@@ -15,6 +15,9 @@ Sections (each merged into bench/results/search.json; the tables go to search.md
   step is built as every planning path builds it: graph-only, without the variables'
   initializers (`initializers=False`; the importer would drop them).
 - backends: the whole search with the C++ cost op against the NumPy fallback.
+- loaded: the two paper configurations at 8 devices, searched with the machine idle and
+  again with one CPU-bound process competing (`python -c "while 1: pass"`), medians of
+  `--repeats` alternating runs; a design that forks workers must not degrade past 2.5x.
 - gap: on the tiny reference models at 2x2, 2x4 and 2x2x2, the recursion alone and the
   search's plan (all levels at once where that problem is small) against the joint
   optimum of all levels (exact DP over product domains).
@@ -41,7 +44,7 @@ from common import (configurations, load, machine, read_results,  # noqa: E402
                     write_results)
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("sections", "configs,end_to_end,backends,gap",
+flags.DEFINE_string("sections", "configs,end_to_end,backends,loaded,gap",
                     "comma-separated sections to run")
 flags.DEFINE_string("only", "", "comma-separated configuration names (default: all)")
 flags.DEFINE_string("e2e_child", "", "internal: measure one end-to-end run and print JSON")
@@ -152,6 +155,36 @@ def backends(repeats: int) -> dict:
     return out
 
 
+# -- search time with a competing CPU-bound process ------------------------------------------
+
+def loaded(repeats: int) -> dict:
+    import subprocess
+
+    from tofu_tf.search.plan import make_plan
+    from tofu_tf.search.topology import Topology
+    out = {}
+    for name in ("wresnet-152-w10", "lstm-10-8192"):
+        graph, _ = load(*configurations()[name])
+        idle, busy = [], []
+        for _ in range(repeats):                  # alternate: both see the same drift
+            idle.append(make_plan(graph, Topology.default(8)).search_seconds)
+            hog = subprocess.Popen([sys.executable, "-c", "while 1: pass"])
+            try:
+                time.sleep(0.5)                   # let it take its core
+                busy.append(make_plan(graph, Topology.default(8)).search_seconds)
+            finally:
+                hog.kill()
+                hog.wait()
+        row = {"idle": statistics.median(idle), "loaded": statistics.median(busy),
+               "idle_all": idle, "loaded_all": busy, "devices": 8}
+        row["slowdown"] = row["loaded"] / row["idle"]
+        out[name] = row
+        print(f"{name}: idle {row['idle']:.2f} s, one competing process {row['loaded']:.2f} s "
+              f"({row['slowdown']:.2f}x)", flush=True)
+        del graph
+    return out
+
+
 # -- recursive plan against the joint optimum ----------------------------------------------
 
 def gap() -> dict:
@@ -193,15 +226,25 @@ def gap() -> dict:
 
 def table(stored: dict) -> str:
     results = stored.get("results", {})
-    lines = ["| config | devices | ops | search s (median) | plan GiB | best baseline GiB |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| config | devices | ops | search s (median) | search s before | plan GiB | "
+             "plan GiB before | best baseline GiB |", "|---|---|---|---|---|---|---|---|"]
     for key in sorted(results, key=lambda k: (results[k]["config"], results[k]["devices"])):
         row = results[key]
         base = row.get("baselines") or {}
         best = min(base.items(), key=lambda kv: (kv[1], kv[0])) if base else ("-", float("nan"))
+        before = row.get("before", {})
         lines.append(f"| {row['config']} | {row['devices']} | {row['num_ops']} | "
-                     f"{row['search_seconds']:.2f} | {row['plan_bytes'] / 2**30:.3f} | "
-                     f"{best[1] / 2**30:.3f} ({best[0]}) |")
+                     f"{row['search_seconds']:.2f} | "
+                     + (f"{before['search_seconds']:.2f}" if "search_seconds" in before
+                        else "-")
+                     + f" | {row['plan_bytes'] / 2**30:.3f} | "
+                     + (f"{before['plan_bytes'] / 2**30:.3f}" if "plan_bytes" in before
+                        else "-")
+                     + f" | {best[1] / 2**30:.3f} ({best[0]}) |")
+    codes = sorted({row.get("code", "") for row in results.values()} - {""})
+    lines.append(f"\nBefore: the row each rerun replaced (code "
+                 f"{', '.join(sorted({r['before'].get('code', 'earlier') for r in results.values() if 'before' in r})) or '-'}"
+                 f"); rows measured at code {', '.join(codes) or '-'}.")
     for label, ratio in sorted(stored.get("depth_doubling", {}).items()):
         lines.append(f"\nSearch-time ratio per doubling of depth, {label}: {ratio:.2f}")
     if stored.get("end_to_end"):
@@ -217,6 +260,12 @@ def table(stored: dict) -> str:
         for name, row in sorted(stored["backends"].items()):
             lines.append(f"| {name} | {row['c++']:.2f} | {row['numpy']:.2f} | "
                          f"{row['speedup']:.2f}x |")
+    if stored.get("loaded"):
+        lines += ["", "| search under load, 8 devices | idle s | one competing process s | "
+                      "slowdown |", "|---|---|---|---|"]
+        for name, row in sorted(stored["loaded"].items()):
+            lines.append(f"| {name} | {row['idle']:.2f} | {row['loaded']:.2f} | "
+                         f"{row['slowdown']:.2f}x |")
     if stored.get("gap"):
         lines += ["", "| tiny model @ topology | recursion B | search B | search s | "
                       "joint optimum B | recursion gap | search gap | "
@@ -258,7 +307,8 @@ def main(argv) -> int:
     sections = set(FLAGS.sections.split(","))
     runs = {"configs": ("depth_doubling", lambda: configs(stored)),
             "end_to_end": ("end_to_end", lambda: end_to_end(FLAGS.repeats)),
-            "backends": ("backends", lambda: backends(FLAGS.repeats)), "gap": ("gap", gap)}
+            "backends": ("backends", lambda: backends(FLAGS.repeats)),
+            "loaded": ("loaded", lambda: loaded(FLAGS.repeats)), "gap": ("gap", gap)}
     if sections - runs.keys():
         raise app.UsageError(f"unknown --sections {sorted(sections - runs.keys())}; "
                              f"choose from {sorted(runs)}")
@@ -279,13 +329,27 @@ def configs(stored: dict) -> dict:
         graph, build_seconds = load(*configurations()[name])
         for devices in (int(d) for d in FLAGS.devices.split(",")):
             row = run_one(graph, devices, FLAGS.repeats, FLAGS.baselines)
-            row.update(config=name, build_import_seconds=build_seconds)
+            row.update(config=name, build_import_seconds=build_seconds, code=code_label())
+            old = stored["results"].get(f"{name}@{devices}")
+            if old is not None:                # the row it replaces, for before/after
+                row["before"] = {k: old[k] for k in ("plan_bytes", "search_seconds", "code")
+                                 if k in old}
             stored["results"][f"{name}@{devices}"] = row
             print(f"{name} @ {devices}: search {row['search_seconds']:.2f} s, "
                   f"plan {row['plan_bytes'] / 2**30:.3f} GiB", flush=True)
             write(stored)                  # keep what is done if the run is cut short
         del graph
     return depth_doubling(stored["results"])
+
+
+def code_label() -> str:
+    """The short commit of the repository the imported tofu_tf lives in."""
+    import subprocess
+
+    import tofu_tf
+    run = subprocess.run(["git", "-C", os.path.dirname(tofu_tf.__file__), "rev-parse",
+                          "--short", "HEAD"], capture_output=True, text=True)
+    return run.stdout.strip() or "unknown"
 
 
 def write(stored: dict) -> str:
