@@ -52,3 +52,14 @@ def test_same_average_pooling_composes(sample):
     whole result does (SAME AvgPool and its gradient once padded for the rows kept)."""
     report = validate_sample(sample, ks=(2,), levels=2)
     assert not report.failures, "\n".join(map(str, report.failures))
+
+
+@pytest.mark.parametrize("sample", [s for s in SAMPLES if s.op_type == "MirrorPad"],
+                         ids=lambda s: s.id)
+def test_a_part_the_hook_cannot_cut_runs_the_level_above(sample):
+    """Below two splits of a dim, a reflected pad's part may need rows its hook cannot
+    fetch (PartitionError): the device runs the level above's local op, a superset,
+    instead of refusing the plan."""
+    report = validate_sample(sample, ks=(2,), levels=3)
+    assert not [f for f in report.findings if f.kind in ("wrong", "error", "refused")], \
+        "\n".join(map(str, report.findings))

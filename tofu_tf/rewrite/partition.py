@@ -16,8 +16,9 @@ A level whose local op crops its result to other than its leading block (a VALID
 convolution over a halo, a pooled window) is re-described with the kernel's real result
 shapes (the caller's shape inference); the crop stays in the window. Without them the
 descent ends there: the device runs that level's local op, a superset of the deeper levels'
-share, which is always sound. So does a level whose local op cannot be described, or whose
-part has no strategy with the plan's label (an uneven part too small for it).
+share, which is always sound. So does a level whose local op cannot be described, whose
+part has no strategy with the plan's label (an uneven part too small for it), or whose part
+the op's localize hook cannot cut (a PartitionError below level 1).
 
 Ops with equal signatures (the catalog's id: type, attrs, shapes, dtypes, constants) and
 equal choices at every level have equal device ops up to their name: each such class is
@@ -34,7 +35,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from tofu_tf.errors import RewriteError
+from tofu_tf.errors import PartitionError, RewriteError
 from tofu_tf.graph import Graph
 from tofu_tf.op_semantics.analysis import OutputState, Strategy, part_range
 from tofu_tf.op_semantics.catalog import OpEntry
@@ -419,8 +420,13 @@ def device_op(sem: Semantics, strategies, labels, ways, coords, device: int,
                                node=name, op_type=sem.op_type,
                                fix="plan again for this graph.")
         prefix = tuple(coords[:level + 1])
-        local, local_sem = _once(steps, ("local", prefix),
-                                 lambda: _localize(sem, strategy, k, p)), sem
+        try:
+            found = _once(steps, ("local", prefix), lambda: _localize(sem, strategy, k, p))
+        except PartitionError:
+            if local is None:
+                raise
+            break                    # a deeper part the hook cannot cut: run the superset
+        local, local_sem = found, sem
         depth = level + 1
         for i in range(n_in):
             sl, pads = local.input_slices[i], local.input_pads[i]
