@@ -242,9 +242,10 @@ def table(stored: dict) -> str:
                         else "-")
                      + f" | {best[1] / 2**30:.3f} ({best[0]}) |")
     codes = sorted({row.get("code", "") for row in results.values()} - {""})
-    lines.append(f"\nBefore: the row each rerun replaced (code "
-                 f"{', '.join(sorted({r['before'].get('code', 'earlier') for r in results.values() if 'before' in r})) or '-'}"
-                 f"); rows measured at code {', '.join(codes) or '-'}.")
+    before = sorted({row["before"].get("code", "earlier") for row in results.values()
+                     if "before" in row})
+    lines.append(f"\nBefore: the row each rerun replaced (code {', '.join(before) or '-'}); "
+                 f"rows measured at code {', '.join(codes) or '-'}.")
     for label, ratio in sorted(stored.get("depth_doubling", {}).items()):
         lines.append(f"\nSearch-time ratio per doubling of depth, {label}: {ratio:.2f}")
     if stored.get("end_to_end"):
