@@ -1,11 +1,11 @@
 """One op run on real values: an instance with its inputs, parts cut from them, compared.
 
 The shared ground of the validators (validate.py: each strategy of one level;
-validate_levels.py: two levels composed as the emitter composes them): `_Instance` holds an
+validate_levels.py: levels composed as the emitter composes them): `OpInstance` holds an
 op's NodeDef, real input values and semantics and runs its own TensorFlow kernel eagerly;
-`_cut` cuts a part's input (slice, pad with fill), `_close` compares a result with its
-share of the whole op's, `_combine` reduces partial results, `_expected` is the whole op's
-outputs (None where the kernel leaves them undetermined).
+`cut_input` cuts a part's input (slice, pad with fill), `compare` compares a result with
+its share of the whole op's, `combine` reduces partial results, `expected_outputs` is the
+whole op's outputs (None where the kernel leaves them undetermined).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class Finding:
         return f"{self.kind.upper():9s} {self.sample}{where}: {self.message}"
 
 
-class _Instance:
+class OpInstance:
     """One op to validate: its NodeDef, real input values, semantics (described from the
     kernel's own output shapes). Built from a sample (`from_sample`) or from an op of a
     real training graph with the values its inputs had in a step (`validate_graph`)."""
@@ -56,7 +56,7 @@ class _Instance:
         self.sem = describe(node_def.name, self.op_type, python_attrs(node_def), shapes,
                             dtypes, out_shapes, list(output_dtypes), consts)
 
-    def with_random_floats(self, seed: int = 0) -> "_Instance":
+    def with_random_floats(self, seed: int = 0) -> "OpInstance":
         """The same op on random floating inputs of the same shapes (meta, integer and
         boolean inputs kept): for the loose-region oracle, which the structure of real
         values (a ReLU mask's zeros, a slot still zero) can fool."""
@@ -71,7 +71,7 @@ class _Instance:
         return other
 
     @classmethod
-    def from_sample(cls, sample, seed: int = 0) -> "_Instance":
+    def from_sample(cls, sample, seed: int = 0) -> "OpInstance":
         import tensorflow as tf
         rng = np.random.default_rng(seed)
         graph = tf.Graph()
@@ -135,7 +135,7 @@ class _Instance:
         return results
 
 
-def _cut(value: np.ndarray, slices, pads, fill) -> np.ndarray:
+def cut_input(value: np.ndarray, slices, pads, fill) -> np.ndarray:
     part = value[tuple(slice(a, b) for a, b in slices)]
     if pads is not None and any(p0 < 0 or p1 < 0 for p0, p1 in pads):
         # A region wholly past the tensor's edge: an empty slice whose pads place it (one
@@ -147,7 +147,7 @@ def _cut(value: np.ndarray, slices, pads, fill) -> np.ndarray:
     return part
 
 
-def _close(got: np.ndarray, want: np.ndarray) -> str | None:
+def compare(got: np.ndarray, want: np.ndarray) -> str | None:
     if got.shape != want.shape:
         return f"shape {list(got.shape)} != expected {list(want.shape)}"
     if want.dtype.kind in "fc":
@@ -160,7 +160,7 @@ def _close(got: np.ndarray, want: np.ndarray) -> str | None:
     return None
 
 
-def _unwritten(inst) -> set[int]:
+def unwritten_outputs(inst) -> set[int]:
     """Outputs TensorFlow's own kernel leaves unwritten (their buffers hold whatever was
     there, which two runs may or may not reproduce): the reserve spaces of an inference
     FusedBatchNorm."""
@@ -172,11 +172,11 @@ def _unwritten(inst) -> set[int]:
     return set()
 
 
-def _same(a: np.ndarray, b: np.ndarray) -> bool:
+def same_values(a: np.ndarray, b: np.ndarray) -> bool:
     return a.shape == b.shape and np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")
 
 
-def _combine(reducer: str, acc, value):
+def combine(reducer: str, acc, value):
     if acc is None:
         return value
     if reducer in ("sum", "mean"):
@@ -188,7 +188,7 @@ def _combine(reducer: str, acc, value):
     return acc * value
 
 
-def _attr_changes(sem, attrs) -> dict:
+def attr_changes(sem, attrs) -> dict:
     """The attrs that differ from the whole op's (`sem`'s): what a local op changes."""
     changes = {}
     for key, value in attrs.items():
@@ -199,21 +199,21 @@ def _attr_changes(sem, attrs) -> dict:
     return changes
 
 
-def _run_local(inst: _Instance, local) -> list[np.ndarray]:
+def run_local(inst: OpInstance, local) -> list[np.ndarray]:
     """Cut the real inputs as `local` says, run the kernel, crop each output."""
     values = [inst.values[i] if local.input_slices[i] is None
-              else _cut(inst.values[i], local.input_slices[i], local.input_pads[i],
+              else cut_input(inst.values[i], local.input_slices[i], local.input_pads[i],
                         local.input_fills[i]) for i in range(len(inst.values))]
     for i, value in local.const_inputs.items():
         values[i] = np.asarray(value, dtype=inst.values[i].dtype)
-    results = inst.run(values, _attr_changes(inst.sem, local.attrs))
+    results = inst.run(values, attr_changes(inst.sem, local.attrs))
     return [np.asarray(r if crop is None else r[tuple(slice(a, b) for a, b in crop)])
             for r, crop in zip(results, local.output_crops)]
 
 
-def _expected(inst: _Instance) -> list:
+def expected_outputs(inst: OpInstance) -> list:
     """The whole op's outputs; those the kernel leaves undetermined (two runs on the same
-    inputs differ, or the kernel is known not to write them: `_unwritten`) are None."""
+    inputs differ, or the kernel is known not to write them: `unwritten_outputs`) are None."""
     expected, again = inst.run(inst.values), inst.run(inst.values)
-    return [None if o in _unwritten(inst) or not _same(a, b) else a
+    return [None if o in unwritten_outputs(inst) or not same_values(a, b) else a
             for o, (a, b) in enumerate(zip(expected, again))]

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tofu_tf.tools.kernels import (Finding, _close, _combine, _expected, _Instance,
-                                   _run_local, _same)
+from tofu_tf.tools.kernels import (Finding, OpInstance, combine, compare, expected_outputs,
+                                   run_local, same_values)
 from tofu_tf.tools.validate_levels import check_levels
 
 SOURCE_OPS = frozenset({"Const", "Placeholder", "PlaceholderWithDefault", "VarHandleOp",
@@ -55,7 +55,7 @@ class Report:
         return [f for f in self.findings if f.kind in FAILING_KINDS]
 
 
-def check_strategy(inst: _Instance, strategy, k: int, expected, sample_id: str
+def check_strategy(inst: OpInstance, strategy, k: int, expected, sample_id: str
                    ) -> list[Finding]:
     from tofu_tf.op_semantics.localize import localize
     sem = inst.sem
@@ -66,7 +66,7 @@ def check_strategy(inst: _Instance, strategy, k: int, expected, sample_id: str
                      part=part)
         try:
             local = localize(sem, strategy, k, part)
-            results = _run_local(inst, local)
+            results = run_local(inst, local)
             locals_.append(local)
         except Exception as err:  # a failing kernel is a finding, not a crash
             findings.append(Finding("error", message=f"{type(err).__name__}: "
@@ -74,21 +74,21 @@ def check_strategy(inst: _Instance, strategy, k: int, expected, sample_id: str
             return findings
         for o, (state, result) in enumerate(zip(strategy.outputs, results)):
             if state.kind == "partial":
-                partial[o] = _combine(state.reducer, partial.get(o),
+                partial[o] = combine(state.reducer, partial.get(o),
                                       result * local.output_scales[o]
                                       if state.reducer == "mean" else result)
                 continue
             if expected[o] is None:
                 continue
             want = expected[o][tuple(slice(a, b) for a, b in local.output_slices[o])]
-            problem = _close(result, want)
+            problem = compare(result, want)
             if problem:
                 findings.append(Finding("wrong", message=f"output {o} ({state}): {problem}",
                                         **where))
     for o, combined in partial.items():
         if expected[o] is None:
             continue
-        problem = _close(np.asarray(combined, dtype=expected[o].dtype), expected[o])
+        problem = compare(np.asarray(combined, dtype=expected[o].dtype), expected[o])
         if problem:
             # A part whose kernel leaves this output unwritten (two runs differ) has no
             # determined value to combine: reported, not failed, as for the whole op.
@@ -100,24 +100,24 @@ def check_strategy(inst: _Instance, strategy, k: int, expected, sample_id: str
     return findings
 
 
-def _parts_determined(inst: _Instance, locals_, output: int) -> bool:
+def _parts_determined(inst: OpInstance, locals_, output: int) -> bool:
     """Whether two runs of every part give the same `output`."""
-    return all(_same(_run_local(inst, local)[output], _run_local(inst, local)[output])
+    return all(same_values(run_local(inst, local)[output], run_local(inst, local)[output])
                for local in locals_)
 
 
-def _run_parts(inst: _Instance, strategy, k: int, expected, locals_) -> bool:
+def _run_parts(inst: OpInstance, strategy, k: int, expected, locals_) -> bool:
     """True when every part of `locals_` reproduces its share (no partial outputs)."""
     for local in locals_:
         try:
-            results = _run_local(inst, local)
+            results = run_local(inst, local)
         except Exception:  # the narrowed cut does not even run: not a hidden split
             return False
         for o, result in enumerate(results):
             if expected[o] is None:
                 continue
             want = expected[o][tuple(slice(a, b) for a, b in local.output_slices[o])]
-            if _close(result, want) is not None:
+            if compare(result, want) is not None:
                 return False
     return True
 
@@ -129,7 +129,7 @@ def _varies_along(value, dim: int) -> bool:
     return bool(np.any(value != np.take(value, [0], axis=dim)))
 
 
-def loose_regions(inst: _Instance, strategy, expected, sample_id: str) -> list[Finding]:
+def loose_regions(inst: OpInstance, strategy, expected, sample_id: str) -> list[Finding]:
     """Oracle for missed splits: an input dim the analysis takes whole, although cutting
     it like the output (same extent, aligned parts) still gives the right answer."""
     from tofu_tf.op_semantics.localize import localize, replace
@@ -183,7 +183,7 @@ def validate_sample(sample, ks=(2, 3, 4), report: Report | None = None, levels: 
     report = report or Report()
     report.samples += 1
     try:
-        inst = _Instance.from_sample(sample)
+        inst = OpInstance.from_sample(sample)
     except Exception as err:
         import tensorflow as tf
         # The whole op does not run: TensorFlow's kernels for this build lack the
@@ -197,8 +197,8 @@ def validate_sample(sample, ks=(2, 3, 4), report: Report | None = None, levels: 
     return validate_instance(inst, sample.id, ks, report, levels=levels)
 
 
-def validate_instance(inst: _Instance, sample_id: str, ks=(2, 3, 4),
-                      report: Report | None = None, oracle: _Instance | None = None,
+def validate_instance(inst: OpInstance, sample_id: str, ks=(2, 3, 4),
+                      report: Report | None = None, oracle: OpInstance | None = None,
                       levels: int = 2) -> Report:
     """Every strategy of one instance against its whole op, for each k in `ks`; `oracle`:
     the instance the loose-region oracle runs on (default: `inst`); `levels` L >= 2: also
@@ -206,8 +206,9 @@ def validate_instance(inst: _Instance, sample_id: str, ks=(2, 3, 4),
     from tofu_tf.op_semantics.analysis import analyze
     report = report or Report()
     op_type = inst.op_type
-    expected = _expected(inst)
-    oracle, oracle_expected = (inst, expected) if oracle is None else (oracle, _expected(oracle))
+    expected = expected_outputs(inst)
+    oracle, oracle_expected = ((inst, expected) if oracle is None
+                               else (oracle, expected_outputs(oracle)))
     if inst.sem.is_opaque:
         report.by_op.setdefault(op_type, []).append(f"opaque: {inst.sem.opaque_reason}")
         return report
@@ -283,12 +284,12 @@ def _input_value(graph, tensor, got, values):
     return got.get(tensor.name)
 
 
-def _graph_instance(node_def, ins, outs, inputs, constants) -> _Instance:
+def _graph_instance(node_def, ins, outs, inputs, constants) -> OpInstance:
     import tensorflow as tf
     node = type(node_def)()
     node.CopyFrom(node_def)
     node.device = ""
-    return _Instance(node, inputs, [t.is_resource for t in ins],
+    return OpInstance(node, inputs, [t.is_resource for t in ins],
                      [None if t.is_resource else tf.as_dtype(t.dtype) for t in ins],
                      constants, [t.dtype for t in outs])
 

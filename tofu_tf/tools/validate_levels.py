@@ -27,10 +27,11 @@ import itertools
 
 import numpy as np
 
-from tofu_tf.tools.kernels import Finding, _attr_changes, _close, _combine, _cut, _Instance
+from tofu_tf.tools.kernels import (Finding, OpInstance, attr_changes, combine, compare,
+                                   cut_input)
 
 
-def check_levels(inst: _Instance, strategies, expected, sample_id: str, ways=(2, 2)
+def check_levels(inst: OpInstance, strategies, expected, sample_id: str, ways=(2, 2)
                  ) -> tuple[int, list[Finding]]:
     """(checks run, findings) of every composition of `inst`'s strategies over `ways`."""
     from tofu_tf.op_semantics.memo import SemanticsMemo
@@ -62,7 +63,7 @@ def _label_paths(sem, strategies, ways, memo, dtypes, shapes):
                 yield (strategy.label, *rest)
 
 
-def check_composition(inst: _Instance, strategies, labels, ways, expected, sample_id: str,
+def check_composition(inst: OpInstance, strategies, labels, ways, expected, sample_id: str,
                       memo, dtypes, result_shapes) -> list[Finding]:
     """Every device's piece of the op under `labels` (one per level) against the whole."""
     from tofu_tf.errors import TofuError
@@ -99,33 +100,33 @@ def check_composition(inst: _Instance, strategies, labels, ways, expected, sampl
                         f"output {o}: partial pieces of one group hold different boxes "
                         f"{box} and {out.box}"), **where))
                     continue
-                combined[(o, group)] = (box, out.reducer, _combine(out.reducer, acc, result))
+                combined[(o, group)] = (box, out.reducer, combine(out.reducer, acc, result))
                 continue
-            problem = _close(np.asarray(result), expected[o][_slices(out.box)])
+            problem = compare(np.asarray(result), expected[o][_slices(out.box)])
             if problem:
                 findings.append(Finding("wrong", part=device,
                                         message=f"output {o} {out.box}: {problem}", **where))
     for (o, group), (box, _, value) in combined.items():
-        problem = _close(np.asarray(value, dtype=expected[o].dtype), expected[o][_slices(box)])
+        problem = compare(np.asarray(value, dtype=expected[o].dtype), expected[o][_slices(box)])
         if problem:
             findings.append(Finding("wrong", message=f"output {o} {box} combined over the "
                                     f"partial levels of group {group}: {problem}", **where))
     return findings
 
 
-def _run_piece(inst: _Instance, piece) -> list[np.ndarray]:
-    values = [inst.values[i] if p is None else _cut(inst.values[i], p.data, p.pads, p.fill)
+def _run_piece(inst: OpInstance, piece) -> list[np.ndarray]:
+    values = [inst.values[i] if p is None else cut_input(inst.values[i], p.data, p.pads, p.fill)
               for i, p in enumerate(piece.inputs)]
     for i, value in piece.const_inputs.items():
         values[i] = np.asarray(value, dtype=np.asarray(inst.values[i]).dtype)
-    return inst.run(values, _attr_changes(inst.sem, piece.attrs))
+    return inst.run(values, attr_changes(inst.sem, piece.attrs))
 
 
-def _dtypes(inst: _Instance) -> tuple[list[str], list[str]]:
+def _dtypes(inst: OpInstance) -> tuple[list[str], list[str]]:
     return ([np.asarray(v).dtype.name for v in inst.values], list(inst.output_dtypes))
 
 
-def _result_shapes(inst: _Instance):
+def _result_shapes(inst: OpInstance):
     """The caller's shape inference of partition.device_op: the kernel run on zeros."""
     def shapes(op_name, local, in_shapes):
         del op_name
@@ -134,7 +135,7 @@ def _result_shapes(inst: _Instance):
         for i, value in local.const_inputs.items():
             values[i] = np.asarray(value, dtype=values[i].dtype)
         try:
-            results = inst.run(values, _attr_changes(inst.sem, local.attrs))
+            results = inst.run(values, attr_changes(inst.sem, local.attrs))
         except Exception:  # noqa: BLE001 -- unknown shapes end the descent, as in the emitter
             return None
         return [r.shape for r in results[:inst.num_outputs]]
