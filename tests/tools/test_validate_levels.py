@@ -63,3 +63,15 @@ def test_a_part_the_hook_cannot_cut_runs_the_level_above(sample):
     report = validate_sample(sample, ks=(2,), levels=3)
     assert not [f for f in report.findings if f.kind in ("wrong", "error", "refused")], \
         "\n".join(map(str, report.findings))
+
+
+
+@pytest.mark.parametrize("sample", [s for s in SAMPLES if s.op_type.startswith(
+    ("Conv2DBackpropFilter", "Conv3DBackpropFilter", "DepthwiseConv2dNativeBackpropFilter"))],
+    ids=lambda s: s.id)
+def test_a_part_reading_nothing_of_a_reduction_holds_zeros(sample):
+    """The last level cut 3 ways (2 x 3): a part of an uneven reduction may read no rows
+    of dy; TensorFlow's filter gradient then returns an unwritten buffer, so the piece
+    holds the reducer's identity instead (partition._reads_nothing)."""
+    report = validate_sample(sample, ks=(2,), levels=2)
+    assert not report.failures, "\n".join(map(str, report.failures))

@@ -42,7 +42,8 @@ from tofu_tf.rewrite import collectives
 from tofu_tf.rewrite.ledger import Ledger
 from tofu_tf.rewrite.nodedefs import GraphBuilder, Ref, dtype_enum
 from tofu_tf.rewrite.partition import (Box, DeviceOp, Partition, contains, narrow_update,
-                                      nonempty, own_shard, partition, shared_prefix)
+                                      nonempty, own_shard, partition, reducer_identity,
+                                      shared_prefix)
 from tofu_tf.importer.tf_attrs import to_attr_value
 from tofu_tf.search.cost import box_volume
 from tofu_tf.search.plan import Plan
@@ -222,6 +223,15 @@ class _Emitter:
                 box = piece.outputs[o].box
                 self.produced.setdefault(t, [None] * self.n)[d] = _Value(
                     self._zeros(box, t, d, op.name + "/empty"), box)
+            return None
+        if piece.identity:                          # an empty part of a reduction
+            for o, t in enumerate(op.outputs):
+                out = piece.outputs[o]
+                dtype = tf.as_dtype(self._dtype(t)).as_numpy_dtype
+                value = self.out.fill(tuple(b - a for a, b in out.box),
+                                      reducer_identity(out.reducer or "sum", dtype),
+                                      self._dtype(t), d, self._name(op.name + "/identity"))
+                self.produced.setdefault(t, [None] * self.n)[d] = _Value(value, out.box)
             return None
         if op.type == "ReadVariableOp" and not own_shard(piece, 0, self.parts.stored[op.inputs[0]][d]):
             value = self._resource_value(op.inputs[0], piece.inputs[0].data, d, op)

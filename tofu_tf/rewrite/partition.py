@@ -84,6 +84,8 @@ class DeviceOp:
     depth: int                               # levels applied (< levels: ran a superset)
     result_shapes: tuple[tuple[int, ...], ...] | None = None   # the kernel's real outputs'
     #                                          shapes, before the crop (None: unknown)
+    identity: bool = False                   # the part of a reduction is empty: its kernel
+    #                                          is not run, each output is its reducer's identity
 
 
 @dataclass(frozen=True)
@@ -330,8 +332,37 @@ def device_ops(sem: Semantics, strategies, labels, ways, coords, memo: Semantics
                                  memo, dtypes, result_shapes, steps)
                        for d, c in enumerate(coords))
         if depth == 1 or not _groups_diverge(pieces, coords):
-            return _count_once(pieces, coords)
+            return tuple(_reads_nothing(p) for p in _count_once(pieces, coords))
         depth -= 1
+
+
+def _reads_nothing(piece: DeviceOp) -> DeviceOp:
+    """A piece whose kernel would read an empty input (the last part of an uneven split
+    of a reduction, two rows cut three ways) while every output it holds is partial: its
+    share of the reduction is empty, so it holds the reducers' identities. TensorFlow's
+    kernels do not promise that (a filter gradient over no rows returns its buffer
+    unwritten; a convolution over no taps fails), so the kernel must not run."""
+    if not any(p is not None and 0 in p.shape for p in piece.inputs):
+        return piece
+    held = [out for out in piece.outputs if nonempty(out.box)]
+    if not held or not all(out.partial_levels for out in held):
+        return piece
+    return dataclasses.replace(piece, identity=True)
+
+
+def reducer_identity(reducer: str, dtype) -> Any:
+    """x with combine(reducer, x, y) == y for every y of `dtype`."""
+    dtype = np.dtype(dtype)
+    if reducer in ("sum", "mean"):
+        return dtype.type(0)
+    if reducer == "prod":
+        return dtype.type(1)
+    if dtype.kind == "b":
+        return reducer == "min"
+    if dtype.kind in "fc":
+        return dtype.type(-np.inf if reducer == "max" else np.inf)
+    info = np.iinfo(dtype)
+    return info.min if reducer == "max" else info.max
 
 
 def _groups_diverge(pieces: tuple[DeviceOp, ...], coords) -> bool:

@@ -21,7 +21,8 @@ split the description hides),
 `unsampled` (a described op with no sample). Exit status is non-zero on any of them.
 
 With --levels=2 (the default), every strategy is also composed with every strategy of its
-part's local op, two levels of 2 parts each, as the emitter composes them
+part's local op, two levels of 2 parts each and 2 then 3 (uneven parts cut again), as the
+emitter composes them
 (validate_levels.py): a description right for the whole op can be wrong for a local op.
 --levels=3 composes three (2x2x2, the 8-device default topology).
 """
@@ -202,7 +203,8 @@ def validate_instance(inst: OpInstance, sample_id: str, ks=(2, 3, 4),
                       levels: int = 2) -> Report:
     """Every strategy of one instance against its whole op, for each k in `ks`; `oracle`:
     the instance the loose-region oracle runs on (default: `inst`); `levels` L >= 2: also
-    every composition of L levels of 2 parts each; 1: one level only."""
+    every composition of L levels of 2 parts each, and of L - 1 levels of 2 then one of
+    3; 1: one level only."""
     from tofu_tf.op_semantics.analysis import analyze
     report = report or Report()
     op_type = inst.op_type
@@ -224,10 +226,12 @@ def validate_instance(inst: OpInstance, sample_id: str, ks=(2, 3, 4),
         if ks:
             report.findings.extend(loose_regions(oracle, strategy, oracle_expected, sample_id))
     if ks and levels >= 2:
-        checks, findings = check_levels(inst, strategies, expected, sample_id,
-                                        (2,) * levels)
-        report.checks += checks
-        report.findings.extend(findings)
+        # 2 parts per level, and the last level cut 3 ways: an uneven part cut again
+        # leaves parts with nothing to read or nothing to hold.
+        for ways in ((2,) * levels, (2,) * (levels - 1) + (3,)):
+            checks, findings = check_levels(inst, strategies, expected, sample_id, ways)
+            report.checks += checks
+            report.findings.extend(findings)
     return report
 
 

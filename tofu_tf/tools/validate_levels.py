@@ -12,7 +12,8 @@ emitter's own composition:
         for s2 in strategies(local op of part 0 under s1), valid for k2:   (and so on)
             for every device (p1, p2): device_ops(op, (s1, s2), (k1, k2)), piece (p1, p2):
                 cut the real inputs to the device's input pieces, run the kernel with
-                the device's attrs, crop each output to its piece;
+                the device's attrs, crop each output to its piece (or, for a piece that
+                reads nothing of a reduction, take its reducer's identity);
             an output split at every level equals its share of the whole op's output;
             a partial one, combined over the devices that differ only at its partial
             levels, equals its share.
@@ -82,15 +83,13 @@ def check_composition(inst: OpInstance, strategies, labels, ways, expected, samp
         if piece.outputs and not any(nonempty(out.box) for out in piece.outputs):
             continue                                      # an empty part computes nothing
         try:
-            results = _run_piece(inst, piece)
+            results = _held(inst, piece)
         except Exception as err:  # a failing kernel is a finding, not a crash
             return [Finding("error", part=device, message=f"{type(err).__name__}: "
                             f"{str(err).splitlines()[0][:300]}", **where)]
         for o, (out, result) in enumerate(zip(piece.outputs, results)):
             if expected[o] is None or not nonempty(out.box):
                 continue
-            result = result[_slices(out.crop)] * out.scale if out.scale != 1.0 \
-                else result[_slices(out.crop)]
             if out.partial_levels:
                 group = tuple(c for level, c in enumerate(coords)
                               if level not in out.partial_levels)
@@ -114,6 +113,19 @@ def check_composition(inst: OpInstance, strategies, labels, ways, expected, samp
     return findings
 
 
+def _held(inst: OpInstance, piece) -> list[np.ndarray]:
+    """What the device holds of each output, as the emitter makes it: the kernel's result
+    cropped and scaled, or the reducers' identities where the piece reads nothing."""
+    from tofu_tf.rewrite.partition import reducer_identity
+    if piece.identity:
+        return [np.full([b - a for a, b in out.box],
+                        reducer_identity(out.reducer or "sum", np.dtype(dtype)))
+                for out, dtype in zip(piece.outputs, inst.output_dtypes)]
+    results = _run_piece(inst, piece)
+    return [result[_slices(out.crop)] * out.scale if out.scale != 1.0
+            else result[_slices(out.crop)] for out, result in zip(piece.outputs, results)]
+
+
 def _run_piece(inst: OpInstance, piece) -> list[np.ndarray]:
     values = [inst.values[i] if p is None else cut_input(inst.values[i], p.data, p.pads, p.fill)
               for i, p in enumerate(piece.inputs)]
@@ -130,11 +142,11 @@ def _result_shapes(inst: OpInstance):
     """The caller's shape inference of partition.device_op: the kernel run on zeros."""
     def shapes(op_name, local, in_shapes):
         del op_name
-        values = [np.zeros(shape, dtype=np.asarray(v).dtype)
-                  for shape, v in zip(in_shapes, inst.values)]
-        for i, value in local.const_inputs.items():
-            values[i] = np.asarray(value, dtype=values[i].dtype)
-        try:
+        try:                     # an empty part's input may have a negative extent
+            values = [np.zeros(shape, dtype=np.asarray(v).dtype)
+                      for shape, v in zip(in_shapes, inst.values)]
+            for i, value in local.const_inputs.items():
+                values[i] = np.asarray(value, dtype=values[i].dtype)
             results = inst.run(values, attr_changes(inst.sem, local.attrs))
         except Exception:  # noqa: BLE001 -- unknown shapes end the descent, as in the emitter
             return None

@@ -293,6 +293,8 @@ def _mirror(j, size: int, symmetric: bool):
 def mirror_window(start, stop, before, size, symmetric):
     """For a share [start, stop) of a mirror-padded dim: the x rows [a, b) it needs, the
     local (before, after) paddings, and the crop of the local result."""
+    if stop <= start:                       # an empty share (an uneven split's last part)
+        return (0, 0), (0, 0), (0, 0)
     t = np.arange(start, stop) - before
     e = int(symmetric)
     source = np.minimum(np.maximum(t, -t - e), 2 * size - 2 + e - t)

@@ -1,0 +1,49 @@
+"""The last part of an uneven split of a reduction may read nothing (2 rows cut 3 ways):
+its share of the sum is zero, which TensorFlow's kernel does not promise (a filter
+gradient over no rows of dy returns its buffer unwritten). The emitter writes the
+reducer's identity instead of running the kernel, and prices no reads for it."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import tensorflow as tf
+
+from tofu_tf.api import optimize
+from tofu_tf.runtime.session import Runner
+from tofu_tf.search.plan import Plan
+
+
+def _filter_gradient_step():
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float64, (2, 11, 11, 3), name="x")
+        dy = tf.compat.v1.placeholder(tf.float64, (2, 5, 5, 4), name="dy")
+        dw = tf.raw_ops.Conv2DBackpropFilter(input=x, filter_sizes=[3, 3, 3, 4],
+                                             out_backprop=dy, strides=[1, 2, 2, 1],
+                                             padding="VALID", name="dw")
+        tf.reduce_sum(dw * dw, name="loss")
+    return graph
+
+
+def test_a_part_reading_no_rows_of_a_reduction_adds_nothing():
+    graph = _filter_gradient_step()
+    fetches, feeds = ["loss:0", "dw:0"], ["x:0", "dy:0"]
+    searched = optimize(graph.as_graph_def(), fetches, feeds=feeds, topology="2x3")
+    stored = json.loads(searched.plan.to_json())
+    for level in stored["levels"]:          # dy's 5 rows: 3 + 2, then 2 cut 3 ways
+        level["choices"]["dw"] = "r:oh"
+    forced = optimize(graph.as_graph_def(), fetches, feeds=feeds, topology="2x3",
+                      plan=Plan.from_json(json.dumps(stored)))
+    rng = np.random.default_rng(0)
+    values = {"x:0": rng.normal(size=(2, 11, 11, 3)), "dy:0": rng.normal(size=(2, 5, 5, 4))}
+    with tf.compat.v1.Session(graph=graph) as session:
+        want = session.run(fetches, values)
+    with Runner(forced, {}) as runner:
+        got = runner.run(values)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-12)
+    assert forced.ledger.step_bytes == forced.plan.predicted_bytes
+    assert any(node.op == "Fill" and "dw/identity" in node.name
+               for node in forced.graph_def.node)
