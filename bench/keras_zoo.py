@@ -176,7 +176,7 @@ def table(stored: dict) -> str:
         "`python bench/keras_zoo.py --validate`: every distinct described op of the "
         "model's training graph (float64), each strategy at k = 2, 3, 4 on the values "
         "its inputs had in one step, against the whole op, and every two-level "
-        "composition (2 x 2 parts) as the emitter composes it "
+        "composition (2 x 2 and 2 x 3 parts) as the emitter composes it "
         "(`tofu_tf.tools.validate.validate_graph`; rows from before the composition "
         "check have fewer checks).",
         "",

@@ -75,3 +75,17 @@ def test_a_part_reading_nothing_of_a_reduction_holds_zeros(sample):
     holds the reducer's identity instead (partition._reads_nothing)."""
     report = validate_sample(sample, ks=(2,), levels=2)
     assert not report.failures, "\n".join(map(str, report.failures))
+
+
+def test_same_average_gradient_regions_span_a_window():
+    """TensorFlow's AvgPoolGrad misplaces a 5x5 stride-3 SAME window over an input 4 wide
+    (the forward pool is right there). At 3 x 4 parts a local op's aligned region was 4
+    wide; regions now span at least one window where the input allows."""
+    from tofu_tf.op_semantics.analysis import analyze
+    from tofu_tf.tools.kernels import OpInstance, expected_outputs
+    from tofu_tf.tools.validate_levels import check_levels
+    sample = next(s for s in SAMPLES if s.id == "AvgPoolGrad[5x5 s3 SAME]")
+    inst = OpInstance.from_sample(sample)
+    checks, findings = check_levels(inst, analyze(inst.sem), expected_outputs(inst),
+                                    sample.id, ways=(3, 4))
+    assert checks and not findings, "\n".join(map(str, findings))

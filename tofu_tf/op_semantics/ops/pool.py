@@ -19,6 +19,7 @@ import numpy as np
 
 from tofu_tf.errors import PartitionError
 from tofu_tf.op_semantics.analysis import top_reduce
+from tofu_tf.op_semantics.hooks import zero_padded
 from tofu_tf.op_semantics.localize import replace
 from tofu_tf.op_semantics.registry import semantics
 from tofu_tf.op_semantics.ops.conv import (Layout, axes_or_fail, compute_layout, gated,
@@ -270,11 +271,12 @@ def _avg_pool_grad_local(ctx, local):
         return replace(local, attrs={**valid_attrs(local.attrs),
                                      "ksize": _local_ksize(ctx, layout)},
                        const_inputs={0: int_const(sizes)}, output_crops=(tuple(crop),))
-    slices = list(local.input_slices[1])
+    slices, pads = list(local.input_slices[1]), [(0, 0)] * len(sizes)
     for axis, dim in zip(axes, layout.spatial):
-        (start, stop), slices[dim] = _same_grad_region(axis, out[dim][0], out[dim][1] - 1)
+        (start, stop), slices[dim], pads[dim] = _same_grad_region(axis, out[dim][0],
+                                                                  out[dim][1] - 1)
         sizes[dim], crop[dim] = stop - start, (out[dim][0] - start, out[dim][1] - start)
-    return replace(local, input_slices=(None, tuple(slices)),
+    return replace(local, input_slices=(None, tuple(slices)), **zero_padded(local, 1, pads),
                    const_inputs={0: int_const(sizes)}, output_crops=(tuple(crop),))
 
 
@@ -285,12 +287,17 @@ def _dx_shape(orig_input_shape) -> tuple[int, ...]:
     return tuple(int(v) for v in orig_input_shape)
 
 
-def _same_grad_region(axis, lo: int, hi: int) -> tuple[tuple[int, int], tuple[int, int]]:
-    """Input rows [r0, r1) and dy rows for input rows [lo, hi] of a SAME average gradient.
+def _same_grad_region(axis, lo: int, hi: int):
+    """Input rows [r0, r1), the dy rows to read and the zero dy rows around them, for
+    input rows [lo, hi] of a SAME average gradient.
 
     The windows o in [a, b] that touch [lo, hi] must be whole in [r0, r1) so their counts
     are right; r0 = 0 (mod s) and r1 = size (mod s) make the local SAME padding the global
-    one; the local op then needs exactly the dy rows of its windows.
+    one; the local op then needs exactly the dy rows of its windows. TensorFlow's CPU
+    kernel misplaces windows over an input narrower than a window (orig 11 x 4, 5x5 s3
+    SAME: window 0 spans 4 columns, not 3; the forward pool is right), so the region is
+    widened in whole strides to at least one window where the input allows, the windows
+    it adds reading zeros (they reach only rows the crop drops).
     """
     s, k, p = axis.stride, axis.kernel, axis.pad
     first = max(-((k - 1 - lo - p) // s), 0)
@@ -299,7 +306,10 @@ def _same_grad_region(axis, lo: int, hi: int) -> tuple[tuple[int, int], tuple[in
     stop = max(min(last * s - p + k, axis.size), hi + 1)
     r0 = start - start % s
     r1 = stop + (axis.size - stop) % s
-    return (r0, r1), (r0 // s, -(-r1 // s))
+    rows = (r0 // s, -(-r1 // s))
+    while r1 - r0 < k and (r0 > 0 or r1 < axis.size):
+        r0, r1 = (r0 - s, r1) if r0 > 0 else (r0, min(r1 + s, axis.size))
+    return (r0, r1), rows, (rows[0] - r0 // s, -(-r1 // s) - rows[1])
 
 
 @semantics("AvgPoolGrad", localize=_avg_pool_grad_local)
