@@ -293,13 +293,14 @@ def _same_grad_region(axis, lo: int, hi: int):
 
     The windows o in [a, b] that touch [lo, hi] must be whole in [r0, r1) so their counts
     are right; r0 = 0 (mod s) and r1 = size (mod s) make the local SAME padding the global
-    one; the local op then needs exactly the dy rows of its windows. TensorFlow's CPU
-    kernel misplaces windows over an input narrower than a window (orig 11 x 4, 5x5 s3
-    SAME: window 0 spans 4 columns, not 3; the forward pool is right; the class of
-    tensorflow/tensorflow#48773, "Wrong results of AvgPoolGrad ... in some specific
-    shapes", closed unfixed), so the region is
-    widened in whole strides to at least one window where the input allows, the windows
-    it adds reading zeros (they reach only rows the crop drops).
+    one; the local op then needs exactly the dy rows of its windows.
+
+    TensorFlow's CPU kernel misplaces windows over an input narrower than a window (orig
+    11 x 4, 5x5 s3 SAME: window 0 spans 4 columns, not 3; the forward pool is right; the
+    class of tensorflow/tensorflow#48773, "Wrong results of AvgPoolGrad ... in some
+    specific shapes", closed unfixed). So the region is widened in whole strides to at
+    least one window where the input allows, the windows it adds reading zeros (they reach
+    only rows the crop drops).
     """
     s, k, p = axis.stride, axis.kernel, axis.pad
     first = max(-((k - 1 - lo - p) // s), 0)
