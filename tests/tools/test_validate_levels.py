@@ -1,6 +1,7 @@
-"""Two levels composed as the emitter composes them (tofu_tf.tools.validate_levels): a
-description right for the whole op but wrong for its part's local op is caught, and every
-sample's strategies compose right."""
+"""Levels composed as the emitter composes them (tofu_tf.tools.validate_levels): a
+description right for the whole op but wrong for its part's local op is caught, and what
+the compositions found stays fixed (SAME pooling, empty parts of uneven reductions,
+hooks that cannot cut a deeper part, TensorFlow's own AvgPoolGrad shapes)."""
 
 import pytest
 import tensorflow as tf
