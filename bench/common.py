@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -27,6 +28,18 @@ def configurations() -> dict[str, tuple[str, dict]]:
     configs["gpt2-medium"] = ("transformer", dict(layers=24, d_model=1024, heads=16,
                                                    seq_len=1024, vocab=50257, batch_size=8))
     return configs
+
+
+@functools.cache
+def commit_label() -> str:
+    """The short commit of the repository the imported tofu_tf lives in (the code a row
+    measured)."""
+    import subprocess
+
+    import tofu_tf
+    run = subprocess.run(["git", "-C", os.path.dirname(tofu_tf.__file__), "rev-parse",
+                          "--short", "HEAD"], capture_output=True, text=True)
+    return run.stdout.strip() or "unknown"
 
 
 def cpu() -> str:

@@ -53,8 +53,8 @@ flags.DEFINE_string("label", "", "the code measured, kept with each row (default
                                  "commit of the tofu_tf package imported)")
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import (cpu, markdown_table, paired_medians, read_results,  # noqa: E402
-                    write_results)
+from common import (commit_label, cpu, markdown_table, paired_medians,  # noqa: E402
+                    read_results, write_results)
 
 # name -> (model, build keywords, medium)
 CONFIGS = {
@@ -75,17 +75,9 @@ CONFIGS = {
 }
 
 
-@functools.cache
 def code_label() -> str:
-    """--label, or the short commit of the repository the imported tofu_tf lives in."""
-    import subprocess
-
-    import tofu_tf
-    if FLAGS.label:
-        return FLAGS.label
-    run = subprocess.run(["git", "-C", str(Path(tofu_tf.__file__).parent), "rev-parse",
-                          "--short", "HEAD"], capture_output=True, text=True)
-    return run.stdout.strip() or "unknown"
+    """--label, or the commit of the tofu_tf imported."""
+    return FLAGS.label or commit_label()
 
 
 def measure(config: str, device_counts: list[int]) -> list[dict]:

@@ -40,8 +40,8 @@ from pathlib import Path
 from absl import app, flags
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import (configurations, load, machine, read_results,  # noqa: E402
-                    write_results)
+from common import (commit_label, configurations, load, machine,  # noqa: E402
+                    read_results, write_results)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("sections", "configs,end_to_end,backends,loaded,gap",
@@ -233,14 +233,13 @@ def table(stored: dict) -> str:
         base = row.get("baselines") or {}
         best = min(base.items(), key=lambda kv: (kv[1], kv[0])) if base else ("-", float("nan"))
         before = row.get("before", {})
+        seconds_before = (f"{before['search_seconds']:.2f}" if "search_seconds" in before
+                          else "-")
+        gib_before = f"{before['plan_bytes'] / 2**30:.3f}" if "plan_bytes" in before else "-"
         lines.append(f"| {row['config']} | {row['devices']} | {row['num_ops']} | "
-                     f"{row['search_seconds']:.2f} | "
-                     + (f"{before['search_seconds']:.2f}" if "search_seconds" in before
-                        else "-")
-                     + f" | {row['plan_bytes'] / 2**30:.3f} | "
-                     + (f"{before['plan_bytes'] / 2**30:.3f}" if "plan_bytes" in before
-                        else "-")
-                     + f" | {best[1] / 2**30:.3f} ({best[0]}) |")
+                     f"{row['search_seconds']:.2f} | {seconds_before} | "
+                     f"{row['plan_bytes'] / 2**30:.3f} | {gib_before} | "
+                     f"{best[1] / 2**30:.3f} ({best[0]}) |")
     codes = sorted({row.get("code", "") for row in results.values()} - {""})
     before = sorted({row["before"].get("code", "earlier") for row in results.values()
                      if "before" in row})
@@ -330,7 +329,8 @@ def configs(stored: dict) -> dict:
         graph, build_seconds = load(*configurations()[name])
         for devices in (int(d) for d in FLAGS.devices.split(",")):
             row = run_one(graph, devices, FLAGS.repeats, FLAGS.baselines)
-            row.update(config=name, build_import_seconds=build_seconds, code=code_label())
+            row.update(config=name, build_import_seconds=build_seconds,
+                       code=commit_label())
             old = stored["results"].get(f"{name}@{devices}")
             if old is not None:                # the row it replaces, for before/after
                 row["before"] = {k: old[k] for k in ("plan_bytes", "search_seconds", "code")
@@ -341,16 +341,6 @@ def configs(stored: dict) -> dict:
             write(stored)                  # keep what is done if the run is cut short
         del graph
     return depth_doubling(stored["results"])
-
-
-def code_label() -> str:
-    """The short commit of the repository the imported tofu_tf lives in."""
-    import subprocess
-
-    import tofu_tf
-    run = subprocess.run(["git", "-C", os.path.dirname(tofu_tf.__file__), "rev-parse",
-                          "--short", "HEAD"], capture_output=True, text=True)
-    return run.stdout.strip() or "unknown"
 
 
 def write(stored: dict) -> str:

@@ -218,20 +218,15 @@ class _Emitter:
             return self._emit_handle(op, node, piece)
         if op.type == "Const":
             return self._emit_const(op, node, piece)
-        if piece.outputs and not any(nonempty(out.box) for out in piece.outputs):
-            for o, t in enumerate(op.outputs):        # an empty part computes nothing
-                box = piece.outputs[o].box
-                self.produced.setdefault(t, [None] * self.n)[d] = _Value(
-                    self._zeros(box, t, d, op.name + "/empty"), box)
-            return None
-        if piece.identity:                          # an empty part of a reduction
-            for o, t in enumerate(op.outputs):
+        empty = piece.outputs and not any(nonempty(out.box) for out in piece.outputs)
+        if empty or piece.identity:   # an empty part computes nothing; an empty part of a
+            for o, t in enumerate(op.outputs):   # reduction holds the reducer's identity
                 out = piece.outputs[o]
-                dtype = tf.as_dtype(self._dtype(t)).as_numpy_dtype
-                value = self.out.fill(tuple(b - a for a, b in out.box),
-                                      reducer_identity(out.reducer or "sum", dtype),
-                                      self._dtype(t), d, self._name(op.name + "/identity"))
-                self.produced.setdefault(t, [None] * self.n)[d] = _Value(value, out.box)
+                fill = 0 if empty or out.reducer is None else reducer_identity(
+                    out.reducer, tf.as_dtype(self._dtype(t)).as_numpy_dtype)
+                self.produced.setdefault(t, [None] * self.n)[d] = _Value(self._zeros(
+                    out.box, t, d, op.name + ("/empty" if empty else "/identity"), fill),
+                    out.box)
             return None
         if op.type == "ReadVariableOp" and not own_shard(piece, 0, self.parts.stored[op.inputs[0]][d]):
             value = self._resource_value(op.inputs[0], piece.inputs[0].data, d, op)
@@ -450,8 +445,9 @@ class _Emitter:
         local = tuple((a - va, b - va) for (a, b), (va, _) in zip(box, value.box))
         return self.out.slice(value.tensor, local, d, self._name("slice"))
 
-    def _zeros(self, box: Box, t: str, d: int, base: str) -> Ref:
-        return self.out.fill(tuple(b - a for a, b in box), 0, self._dtype(t), d,
+    def _zeros(self, box: Box, t: str, d: int, base: str, value=0) -> Ref:
+        """`box` of tensor t on device d, holding `value` (zeros unless given)."""
+        return self.out.fill(tuple(b - a for a, b in box), value, self._dtype(t), d,
                              self._name(base))
 
     # -- partial results -------------------------------------------------------------------

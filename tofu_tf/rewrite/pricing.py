@@ -101,9 +101,9 @@ class _Pricer:
             if op.type != "VarHandleOp":
                 self._produce(op, piece)
             return
-        if piece.identity or piece.outputs and not any(nonempty(out.box)
-                                                       for out in piece.outputs):
-            self._produce(op, piece)              # reads nothing
+        empty = piece.outputs and not any(nonempty(out.box) for out in piece.outputs)
+        if empty or piece.identity:               # reads nothing
+            self._produce(op, piece)
             return
         if op.type == "ReadVariableOp" and not own_shard(piece, 0, self.parts.stored[op.inputs[0]][d]):
             t = op.inputs[0]

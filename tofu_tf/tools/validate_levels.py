@@ -119,7 +119,7 @@ def _held(inst: OpInstance, piece) -> list[np.ndarray]:
     from tofu_tf.rewrite.partition import reducer_identity
     if piece.identity:
         return [np.full([b - a for a, b in out.box],
-                        reducer_identity(out.reducer or "sum", np.dtype(dtype)))
+                        reducer_identity(out.reducer, np.dtype(dtype)) if out.reducer else 0)
                 for out, dtype in zip(piece.outputs, inst.output_dtypes)]
     results = _run_piece(inst, piece)
     return [result[_slices(out.crop)] * out.scale if out.scale != 1.0
