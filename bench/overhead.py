@@ -4,6 +4,7 @@
     python bench/overhead.py --configs=mlp,mlp-medium --devices=8 --steps=20
     python bench/overhead.py --sequential=false     # without the per-device control chain
     python bench/overhead.py --replicate_below=4096 # tensors under 4096 elements may be whole
+    python bench/overhead.py --replicate_below=4096 --compute_once_below=4096
 
 Each config (a reference model, graph-only, float32, SGD) runs `--steps` timed steps after
 `--warmup` untimed ones (medium configs: `--medium_steps`), unpartitioned in a one-device
@@ -46,6 +47,8 @@ flags.DEFINE_integer("warmup", 3, "untimed steps first (medium: 1)")
 flags.DEFINE_bool("sequential", True, "Options.sequential: chain each device's ops")
 flags.DEFINE_integer("replicate_below", 0, "Options.replicate_below: tensors with fewer "
                      "elements may be stored replicated (0: every tensor 1/N)")
+flags.DEFINE_integer("compute_once_below", 0, "Options.compute_once_below: ops every "
+                     "device would run alike on smaller results run on device 0 only")
 flags.DEFINE_bool("floor", True, "tiny configs: also time N whole copies of the step, one "
                   "per device (the floor of a plan that runs every op on every device)")
 flags.DEFINE_bool("fresh", False, "drop the stored rows first")
@@ -97,7 +100,8 @@ def measure(config: str, device_counts: list[int]) -> list[dict]:
             optimized = optimize(step.graph_def, step.fetches, feeds=list(step.feeds),
                                  num_devices=devices,
                                  options=Options(sequential=FLAGS.sequential,
-                                                 replicate_below=FLAGS.replicate_below))
+                                                 replicate_below=FLAGS.replicate_below,
+                                                 compute_once_below=FLAGS.compute_once_below))
             with Runner(optimized, values) as runner:
                 single, parted = paired_medians(lambda: single_device.run(feeds),
                                                 lambda: runner.run(feeds), steps, warmup)
@@ -144,6 +148,7 @@ def _row(config, model, medium, devices, steps, step, optimized, whole, profile,
         "config": config, "model": model, "medium": medium, "devices": devices,
         "code": code_label(), "cpu": cpu(),
         "sequential": FLAGS.sequential, "replicate_below": FLAGS.replicate_below,
+        "compute_once_below": FLAGS.compute_once_below,
         "steps": steps,
         "single_seconds": single, "partitioned_seconds": parted,
         "ratio": parted / single, "copies_ratio": floor,
@@ -168,15 +173,17 @@ def _ms(seconds: float) -> str:
 
 def setting(row: dict) -> str:
     """The options a row ran under: the per-device chain, and small tensors replicated."""
-    below = row.get("replicate_below", 0)
+    below, once = row.get("replicate_below", 0), row.get("compute_once_below", 0)
     return (("seq" if row["sequential"] else "free")
-            + (f", replicated < {below}" if below else ""))
+            + (f", replicated < {below}" if below else "")
+            + (f", once < {once}" if once else ""))
 
 
 def table(stored: dict) -> str:
     rows = sorted(stored["rows"].values(), key=lambda r: (
         r["medium"], list(CONFIGS).index(r["config"]) if r["config"] in CONFIGS else 99,
-        r["devices"], r.get("replicate_below", 0), not r["sequential"], r.get("code", "")))
+        r["devices"], r.get("replicate_below", 0), r.get("compute_once_below", 0),
+        not r["sequential"], r.get("code", "")))
     machines = sorted({r["cpu"] for r in rows})
     timing = [[r["config"], r["devices"], setting(r), r.get("code", "?"),
                machines.index(r["cpu"]) + 1, r.get("timing", "blocks"),
@@ -206,7 +213,8 @@ def table(stored: dict) -> str:
         "is the floor once compute dominates. Options: seq/free, `Options.sequential` on/off (a "
         "control chain through each device's ops); replicated < n, `Options.replicate_below`"
         " = n (smaller tensors may be stored whole on every device; default 0: every tensor "
-        "1/N). N copies: N whole copies of the unpartitioned step, one per device, in one "
+        "1/N); once < n, `Options.compute_once_below` = n (an op every device would run "
+        "alike on smaller results runs on device 0 only, its readers receive them). N copies: N whole copies of the unpartitioned step, one per device, in one "
         "session, over one copy (tiny configs): the floor of any plan that runs every op on "
         "every device. Machines (column cpu): "
         + "; ".join(f"{i + 1}: {m}" for i, m in enumerate(machines)) + ".",
@@ -240,6 +248,7 @@ def main(argv) -> int:
         for row in measure(config, devices):
             key = (f"{row['config']}@{row['devices']}:{'seq' if row['sequential'] else 'free'}"
                    + (f":rb{row['replicate_below']}" if row["replicate_below"] else "")
+                   + (f":once{row['compute_once_below']}" if row["compute_once_below"] else "")
                    + f":{row['code']}")
             stored["rows"][key] = row
         write_results("overhead", stored, table)

@@ -122,7 +122,8 @@ def predict(plan: Plan, imported: ImportedGraph, entries=None, *,
             expose: Sequence[str] = ()):
     """(the plan with the bytes its emitted step moves per level, its partition)."""
     entries = entries or catalog(imported.graph, strict=options.strict)
-    parts = partition_of(imported.graph, imported.graph_def, entries, plan)
+    parts = partition_of(imported.graph, imported.graph_def, entries, plan,
+                         options.compute_once_below)
     names = tuple(devices or cpu_devices(parts.num_devices))
     return plan.with_prediction(predict_bytes(
         imported.graph, entries, plan, parts, expose=expose,

@@ -53,6 +53,12 @@ class Options:
     # Tensors with fewer elements than this may be stored replicated; larger ones (except
     # variables, their gradients and optimizer slots) are always stored partitioned.
     replicate_below: int = 0
+    # An op that every device would run alike (whole results on the same inputs, as a
+    # replicated op does) and whose results have fewer elements than this runs on device 0
+    # only; the devices that read its results receive them. Logical CPU devices share the
+    # host's cores, so there N runs of a small op cost N times its overhead where one run
+    # and a few transfers cost one; on GPUs each device's copy runs in parallel. 0: off.
+    compute_once_below: int = 0
     # Largest table (entries) one elimination step of the DP may build before it falls back
     # to a beam restriction (the plan is then reported as not proven optimal).
     max_dp_table: int = 2 ** 22

@@ -15,8 +15,8 @@ whole for one chunk when nothing can be chunked, as a tree does).
 Per level this is the plan's (k - 1) |domain| x (2 replicated | 1 split): a ring all-reduce
 or reduce-scatter along the hierarchy, the outer links carrying each element once. A small
 replicated partial result (partition.exchanges: a bias gradient, a norm's scale) is reduced
-by exchange: at each level every member receives its partners' whole copies and combines
-them, fewer messages and no slices for a few more bytes. On
+by exchange: a pair swaps whole copies, a larger reduction group combines them at one
+member, from which its readers fetch the result: fewer messages and no slices. On
 logical CPU devices the pieces travel as plain cross-device edges (TensorFlow's Send/Recv);
 sums run in a fixed member order, so replicas hold bit-identical values.
 """
@@ -29,8 +29,8 @@ from tensorflow.core.framework import types_pb2
 
 from tofu_tf.errors import RewriteError
 from tofu_tf.rewrite.nodedefs import Ref, str_attr, type_attr
-from tofu_tf.rewrite.partition import (Box, all_reduces, contains, exchanges, parse_state,
-                                      reduce_target)
+from tofu_tf.rewrite.partition import (Box, all_reduces, contains, exchange_root, exchanges,
+                                      parse_state, reduce_target)
 from tofu_tf.search.cost import box_volume
 
 
@@ -171,21 +171,25 @@ def _adjacent(a: Box, b: Box) -> int | None:
 
 
 def _exchange(em, t: str, op: str, levels, reducer: str) -> dict[int, dict[Box, Ref]]:
-    """A small partial result (partition.exchanges): at each level, innermost first, every
-    member combines all members' current copies in member order (so replicas stay
-    bit-identical), each copy it lacks arriving over one edge."""
-    current = {d: em.produced[t][d].tensor for d in range(em.n)}
-    for level in reversed(levels):
-        new = {}
-        for d in range(em.n):
-            box = em.produced[t][d].box
-            members = em.parts.group(d, (level,))
-            for m in members:
-                if m != d:
-                    em.send("reduce", t, op, current[m], m, d, box)
-            new[d] = _combine(em, t, [current[m] for m in members], reducer, d)
-        current = new
-    return {d: {em.produced[t][d].box: current[d]} for d in range(em.n)}
+    """A small partial result (partition.exchanges), over each reduction group (the
+    devices that differ only at `levels`): a pair swaps copies over one edge each way and
+    both hold the result; a larger group sends them to its root (`exchange_root`), which
+    combines them and alone holds the result (readers fetch it from there, as they would
+    a stored region). Copies combine in member order, so replicas stay bit-identical."""
+    produced = em.produced[t]
+    held: dict[int, dict[Box, Ref]] = {}
+    for d in range(em.n):
+        group = em.parts.group(d, levels)
+        if group[0] != d:
+            continue
+        root = exchange_root(t, group)
+        for e in (group if root is None else (root,)):
+            for m in group:
+                if m != e:
+                    em.send("reduce", t, op, produced[m].tensor, m, e, produced[m].box)
+            held[e] = {produced[e].box: _combine(em, t, [produced[m].tensor for m in group],
+                                                 reducer, e)}
+    return held
 
 
 V2_MERGE = {"sum": "Add", "mean": "Add", "max": "Max", "min": "Min", "prod": "Mul"}

@@ -41,9 +41,9 @@ from tofu_tf.options import Collectives
 from tofu_tf.rewrite import collectives
 from tofu_tf.rewrite.ledger import Ledger
 from tofu_tf.rewrite.nodedefs import GraphBuilder, Ref, dtype_enum
-from tofu_tf.rewrite.partition import (Box, DeviceOp, Partition, contains, narrow_update,
-                                      nonempty, own_shard, partition, reducer_identity,
-                                      shared_prefix)
+from tofu_tf.rewrite.partition import (Box, DeviceOp, Partition, contains, fetched_from,
+                                      narrow_update, nonempty, own_shard, partition,
+                                      reducer_identity, shared_prefix)
 from tofu_tf.importer.tf_attrs import to_attr_value
 from tofu_tf.search.cost import box_volume
 from tofu_tf.search.plan import Plan
@@ -93,13 +93,13 @@ def emit(graph: Graph, graph_def: graph_pb2.GraphDef, entries: Mapping[str, OpEn
 
 
 def partition_of(graph: Graph, graph_def: graph_pb2.GraphDef,
-                 entries: Mapping[str, OpEntry], plan: Plan) -> Partition:
+                 entries: Mapping[str, OpEntry], plan: Plan, once_below: int = 0) -> Partition:
     """The plan's per-device ops and regions, with TensorFlow's shape inference for the
-    local kernels' real result shapes."""
+    local kernels' real result shapes (`once_below`: Options.compute_once_below)."""
     nodes = {node.name: node for node in graph_def.node}
     handles = frozenset(v.handle for v in graph.variables.values())
     return partition(graph, entries, plan,
-                     functools.partial(_result_shapes, graph, nodes, handles))
+                     functools.partial(_result_shapes, graph, nodes, handles), once_below)
 
 
 def uses_v2(collectives_mode: Collectives, devices: Sequence[str]) -> bool:
@@ -212,6 +212,8 @@ class _Emitter:
     def _emit_piece(self, op, node, piece: DeviceOp) -> str | None:
         """The device's local op (its node name; None when it emits no op of its own)."""
         d = piece.device
+        if piece.elsewhere:
+            return None
         if op.type == "Placeholder":
             return self._emit_feed(op, node, piece)
         if op.type == "VarHandleOp":
@@ -546,7 +548,8 @@ class _Emitter:
             return name
         spec = self.graph.tensors[fetch]
         full = tuple((0, n) for n in spec.shape)
-        sources = [self._stored(fetch, e, name) for e in range(self.n)]
+        used = fetched_from(self.parts, fetch)
+        sources = [self._stored(fetch, e, name) if e in used else None for e in range(self.n)]
         value = self._assemble(fetch, full, 0, sources, "result", name)
         out = self.out.identity(value, 0, rename or (name if index == 0 else f"{name}_{index}"),
                                 self.collective_ops)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -86,6 +87,9 @@ class DeviceOp:
     #                                          shapes, before the crop (None: unknown)
     identity: bool = False                   # the part of a reduction is empty: its kernel
     #                                          is not run, each output is its reducer's identity
+    elsewhere: bool = False                  # device 0 computes the op once (`computed_once`):
+    #                                          this device runs nothing and receives what it
+    #                                          reads of the results
 
 
 @dataclass(frozen=True)
@@ -168,13 +172,24 @@ def all_reduces(use_v2: bool, reducer: str, levels, states: list[OutputState]) -
 
 
 # A partial result that is Replicated at each of its levels and whose produced region is
-# at most this many bytes on every device is reduced by exchange (`exchanges`): at each
-# level, innermost first, every member receives each other member's whole current copy and
-# combines them in member order. At one level that moves what the reduce-scatter and
-# all-gather move, (k - 1) |D| per member; over several, sum_l (k_l - 1) |D| where they
-# move 2 (1 - 1/g) |D|, but in sum_l (k_l - 1) messages and one combine per level, no
-# slices: for a bias gradient the per-message cost is the whole cost.
+# at most this many bytes on every device is reduced by exchange (`exchanges`) over each
+# reduction group of g devices, all its levels at once: a pair swaps copies (one message
+# each way, one hop); a larger group sends its copies to one member (`exchange_root`),
+# which combines them in member order and alone holds the result, fetched from there by
+# the devices that read it: at most 2 (g - 1) messages and 2 (g - 1) |D| bytes, what a ring
+# reduce-scatter and all-gather move, and never more over a level's links than exchanging
+# at each level in turn, but no slices or concats and one combine: for a bias gradient
+# the per-message cost is the whole cost.
 EXCHANGE_BYTES = 2048
+
+
+def exchange_root(t: str, members: Sequence[int]) -> int | None:
+    """The member of a group that combines t's copies in an exchange (`exchanges`); None
+    for a pair, which swaps them. Roots are spread over the members by tensor name, so
+    that no device combines every small gradient of a step."""
+    if len(members) <= 2:
+        return None
+    return members[zlib.crc32(t.encode()) % len(members)]
 
 
 def exchanges(levels, states: list[OutputState], produced: Sequence[Box | None],
@@ -184,6 +199,15 @@ def exchanges(levels, states: list[OutputState], produced: Sequence[Box | None],
     return (all(states[level].kind == "replicated" for level in levels) and
             all(box is None or box_volume(box) * itemsize <= EXCHANGE_BYTES
                 for box in produced))
+
+
+def fetched_from(parts: Partition, t: str) -> range:
+    """The devices whose stored boxes of t a fetch (gathered on device 0) uses: device 0's
+    alone where it stores the whole tensor, else every device's."""
+    box = parts.stored[t][0]
+    whole = len(parts.stored[t]) == 1 or all(
+        contains(box, other) for other in parts.stored[t][1:])
+    return range(1) if whole else range(parts.num_devices)
 
 
 def contains(outer: Box, inner: Box) -> bool:
@@ -243,10 +267,12 @@ ResultShapes = Callable[[str, LocalOp, list], "list[tuple[int, ...]] | None"]
 
 
 def partition(graph: Graph, entries: Mapping[str, OpEntry], plan: Plan,
-              result_shapes: ResultShapes | None = None) -> Partition:
+              result_shapes: ResultShapes | None = None, once_below: int = 0) -> Partition:
     """`result_shapes(op, local op, local input shapes)`: the shapes the local kernel
     really returns (before its crop), from the caller's shape inference; with it, a level
-    that crops its result still hands its local op to the next level."""
+    that crops its result still hands its local op to the next level. `once_below`: an op
+    every device would run alike whose results have fewer elements than this runs on device
+    0 only (`computed_once`)."""
     ways = tuple(level.ways for level in plan.levels)
     n = int(np.prod(ways))
     coords = [coordinates(d, ways) for d in range(n)]
@@ -279,12 +305,49 @@ def partition(graph: Graph, entries: Mapping[str, OpEntry], plan: Plan,
                                   memo, dtypes, _asked_once(result_shapes))
         if key is not None:
             alike[key] = ops[op.name]
+        if once_below and computed_once(op, entry.semantics, ops[op.name], graph, once_below):
+            ops[op.name] = ops[op.name][:1] + tuple(
+                dataclasses.replace(piece, elsewhere=True) for piece in ops[op.name][1:])
     return Partition(ways, stored, ops)
 
 
+# Ops every device runs as itself: sources, and reads of a variable's own copy.
+_PER_DEVICE = frozenset({"Placeholder", "PlaceholderWithDefault", "Const", "VarHandleOp",
+                         "ReadVariableOp"})
+
+
+def computed_once(op, sem: Semantics, pieces: tuple[DeviceOp, ...], graph: Graph,
+                  below: int) -> bool:
+    """Whether every device would run the op alike (the same kernel on the same input
+    regions, each result whole, none partial) on results of fewer than `below` elements
+    each, so that one device may compute it for all. Logical CPU devices share the host's
+    cores: there the op's N runs cost N times its kernel and executor time, where one run
+    and a transfer to each reader cost one (small tensors cross by reference)."""
+    if op.type in _PER_DEVICE or not op.outputs or sem.updates:
+        return False
+    if any(graph.tensors[t].is_resource for t in op.inputs):
+        return False
+    first = pieces[0]
+    for o, t in enumerate(op.outputs):
+        shape = graph.tensors[t].shape
+        if math.prod(shape) >= below or first.outputs[o].box != tuple((0, n) for n in shape):
+            return False
+    return all(_alike(piece, first) for piece in pieces[1:]) and not first.identity and \
+        not any(out.partial_levels or out.scale != 1.0 for out in first.outputs)
+
+
+def _alike(a: DeviceOp, b: DeviceOp) -> bool:
+    """Whether two device ops run the same kernel on the same regions to the same boxes."""
+    return (a.op_type == b.op_type and a.inputs == b.inputs and a.identity == b.identity
+            and freeze(a.attrs) == freeze(b.attrs)
+            and freeze(dict(a.const_inputs)) == freeze(dict(b.const_inputs))
+            and all(x.box == y.box and x.crop == y.crop and x.scale == y.scale and
+                    x.partial_levels == y.partial_levels
+                    for x, y in zip(a.outputs, b.outputs)))
+
+
 def _renamed(piece: DeviceOp, name: str) -> DeviceOp:
-    return DeviceOp(name, piece.device, piece.op_type, piece.attrs, piece.const_inputs,
-                    piece.inputs, piece.outputs, piece.depth, piece.result_shapes)
+    return dataclasses.replace(piece, op=name)
 
 
 def _asked_once(result_shapes: ResultShapes | None) -> ResultShapes | None:

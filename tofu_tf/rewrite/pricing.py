@@ -23,9 +23,10 @@ TensorFlow), with the rules the emitter follows:
   pieces destined to its side; then all-gather, outermost first, at the levels where the
   tensor is Replicated — each member receives the pieces (by distinct box) it lacks. With V2
   collectives (a reduction group whose levels are all Replicated): one ring all-reduce per
-  group, 2 (g - 1) |D| / g per member of g. A small replicated one (partition.exchanges): at each level
-  of Λ every member receives each other member's whole copy, (k - 1) |D|. The stored box is
-  then assembled from the reduced pieces (and received regions) the device holds.
+  group, 2 (g - 1) |D| / g per member of g. A small replicated one (partition.exchanges): a
+  group of two swaps whole copies; in a larger one the root receives each other member's
+  copy and alone holds the result. The stored box is then assembled
+  from the reduced pieces (and received regions) the device holds.
 
 Each transfer is attributed to the outermost level at which its two devices differ (the
 link it crosses). Feeds and fetched results are outside the step, as in the ledger.
@@ -39,8 +40,9 @@ from typing import Mapping, Sequence
 from tofu_tf.graph import DTYPE_SIZES, Graph
 from tofu_tf.op_semantics.catalog import OpEntry
 from tofu_tf.rewrite.partition import (Box, DeviceOp, Partition, all_reduces, contains,
-                                      exchanges, narrow_update, nonempty, own_shard,
-                                      parse_state, reduce_target, shared_prefix)
+                                      exchange_root, exchanges, fetched_from, narrow_update,
+                                      nonempty, own_shard, parse_state, reduce_target,
+                                      shared_prefix)
 from tofu_tf.search.cost import box_volume
 from tofu_tf.search.plan import Plan
 
@@ -80,7 +82,7 @@ class _Pricer:
                     self.partial[t] = (out.partial_levels, out.reducer)
         for t in list(self.graph.fetches) + list(expose):
             if ":" in t:
-                for e in range(self.n):
+                for e in fetched_from(self.parts, t):
                     self._use(t, e)
         return tuple(self.per_level)
 
@@ -97,6 +99,8 @@ class _Pricer:
     # -- ops -------------------------------------------------------------------------------
     def _op(self, op, piece: DeviceOp) -> None:
         d = piece.device
+        if piece.elsewhere:
+            return
         if op.type in ("Placeholder", "Const", "VarHandleOp"):
             if op.type != "VarHandleOp":
                 self._produce(op, piece)
@@ -197,11 +201,13 @@ class _Pricer:
             self.held[t] = self._all_reduce(t, levels, produced)
             return self.held[t]
         if exchanges(levels, states, produced, DTYPE_SIZES.get(self.graph.tensors[t].dtype, 4)):
-            for level in reversed(levels):                   # each partner's whole copy
-                for d in range(self.n):
-                    for m in self.parts.group(d, (level,)):
-                        self.move(t, m, d, box_volume(produced[d]))
-            self.held[t] = [[produced[d]] for d in range(self.n)]
+            self.held[t] = [[] for _ in range(self.n)]
+            for d in range(self.n):          # partners' whole copies, or to the root
+                group = self.parts.group(d, levels)
+                if exchange_root(t, group) in (None, d):
+                    for m in group:
+                        self.move(t, m, d, box_volume(produced[m]))
+                    self.held[t][d] = [produced[d]]
             return self.held[t]
         group = self.parts.group
         targets = [reduce_target(produced[d], levels, states, self.coords[d], self.parts.ways)
