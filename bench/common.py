@@ -12,6 +12,25 @@ from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
 
+# Step-time configs (bench/overhead.py, bench/simulate.py): name -> (model, build
+# keywords, medium). Tiny: the reference models' defaults; medium: a step in seconds.
+CONFIGS = {
+    "mlp": ("mlp", {"batch_size": 8}, False),
+    "wresnet": ("wresnet", {"batch_size": 8}, False),
+    "lstm": ("lstm", {"batch_size": 8}, False),
+    "transformer": ("transformer", {"batch_size": 8}, False),
+    "mlp-medium": ("mlp", {"hidden": (4096,) * 4, "input_dim": 4096, "num_classes": 1000,
+                           "batch_size": 256}, True),
+    "wresnet-50-w2": ("wresnet", {"depth": 50, "widen": 2, "base_width": 64,
+                                  "image_size": 64, "num_classes": 100, "batch_size": 32},
+                      True),
+    "lstm-4-1024": ("lstm", {"layers": 4, "hidden": 1024, "steps": 20, "embedding": 512,
+                             "vocab": 1000, "num_classes": 1000, "batch_size": 64}, True),
+    "transformer-6-512": ("transformer", {"layers": 6, "d_model": 512, "heads": 8,
+                                          "seq_len": 256, "vocab": 4096, "batch_size": 8},
+                          True),
+}
+
 
 def configurations() -> dict[str, tuple[str, dict]]:
     configs = {}

@@ -56,26 +56,8 @@ flags.DEFINE_string("label", "", "the code measured, kept with each row (default
                                  "commit of the tofu_tf package imported)")
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import (commit_label, cpu, markdown_table, paired_medians,  # noqa: E402
-                    read_results, write_results)
-
-# name -> (model, build keywords, medium)
-CONFIGS = {
-    "mlp": ("mlp", {"batch_size": 8}, False),
-    "wresnet": ("wresnet", {"batch_size": 8}, False),
-    "lstm": ("lstm", {"batch_size": 8}, False),
-    "transformer": ("transformer", {"batch_size": 8}, False),
-    "mlp-medium": ("mlp", {"hidden": (4096,) * 4, "input_dim": 4096, "num_classes": 1000,
-                           "batch_size": 256}, True),
-    "wresnet-50-w2": ("wresnet", {"depth": 50, "widen": 2, "base_width": 64,
-                                  "image_size": 64, "num_classes": 100, "batch_size": 32},
-                      True),
-    "lstm-4-1024": ("lstm", {"layers": 4, "hidden": 1024, "steps": 20, "embedding": 512,
-                             "vocab": 1000, "num_classes": 1000, "batch_size": 64}, True),
-    "transformer-6-512": ("transformer", {"layers": 6, "d_model": 512, "heads": 8,
-                                          "seq_len": 256, "vocab": 4096, "batch_size": 8},
-                          True),
-}
+from common import (CONFIGS, commit_label, cpu, markdown_table,  # noqa: E402
+                    paired_medians, read_results, write_results)
 
 
 def code_label() -> str:

@@ -1,6 +1,18 @@
-"""Calibrate the step-time simulator on this CPU and report its error.
+"""Calibrate the step-time simulators on this CPU and report their error.
 
-    python bench/simulate.py                 # tiny models, 1 and 8 logical CPU devices
+    python bench/simulate.py                       # both sections below
+    python bench/simulate.py --sections=graph --configs=mlp,lstm --device_counts=1,8
+
+Section `graph` (tofu_tf/runtime/stepmodel.py, the model of the emitted graph's nodes):
+each config of common.CONFIGS (tiny and medium) at 1 (unpartitioned), 2, 4 and 8 logical
+CPU devices is timed (median of `--steps`, medium `--medium_steps`; a tiny config: the
+least median of 5 rounds, its device counts taking turns) and traced once
+(TensorFlow's step stats: every node's kernel time). The configs split in two halves,
+each model once in each: the calibration half fits the kernel coefficients per op family
+(on the measured kernel times of its unpartitioned steps' nodes) and then the executor's
+constants (on its step times at every device count); the held-out half (`HELD_OUT`) is predicted with them, and its error is the
+figure. Section `plan` (tofu_tf/search/simulate.py, the plan-level model the paper
+comparison uses):
 
 1. Peak FLOP/s (a 2048x2048 float32 MatMul) and memory bandwidth (a 64 Mi-element AddV2)
    of this machine, measured through TensorFlow (median of 5).
@@ -17,6 +29,7 @@ Results: bench/results/simulate.{json,md}.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import statistics
@@ -27,12 +40,25 @@ from pathlib import Path
 from absl import app, flags
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import median_seconds, write_results  # noqa: E402  (bench/common.py)
+from common import (CONFIGS, markdown_table, median_seconds, read_results,  # noqa: E402
+                    write_results)
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("models", "mlp,wresnet,lstm,transformer", "comma-separated tiny models")
-flags.DEFINE_integer("devices", 8, "logical CPU devices")
-flags.DEFINE_integer("steps", 30, "timed steps")
+flags.DEFINE_list("sections", ["plan", "graph"], "which simulators to calibrate")
+flags.DEFINE_string("models", "mlp,wresnet,lstm,transformer", "plan: comma-separated tiny models")
+flags.DEFINE_integer("devices", 8, "plan: logical CPU devices")
+flags.DEFINE_integer("steps", 30, "timed steps (graph: of a tiny config)")
+flags.DEFINE_string("configs", "", "graph: configs (default: all of common.CONFIGS)")
+flags.DEFINE_list("device_counts", ["1", "2", "4", "8"], "graph: logical CPU devices")
+flags.DEFINE_integer("medium_steps", 3, "graph: timed steps of a medium config")
+flags.DEFINE_enum("device", "cpu", ["cpu", "gpu"], "graph: cpu (logical CPU devices at "
+                  "--device_counts) or gpu (unpartitioned steps on GPU:0 only, one GPU: the "
+                  "per-family kernel laws and the executor there, results under graph_gpu)")
+flags.DEFINE_string("runs_cache", None, "graph: keep the measured runs in this pickle and "
+                    "reuse them when it exists (refit the model without measuring again)")
+
+# The graph section's held-out configs: each model once here, once in the calibration half.
+HELD_OUT = ("wresnet", "lstm", "mlp-medium", "transformer-6-512")
 
 
 
@@ -82,8 +108,7 @@ def predict(graph, profile, devices: int):
     return single_step_time(graph, profile), plan_step_time(graph, result, profile), result
 
 
-def main(argv) -> int:
-    del argv
+def plan_section() -> dict:
     from tofu_tf.search.simulate import PROFILES
     flops, bandwidth = machine_peaks()
     base = replace(PROFILES["this_cpu"], peak_flops=flops, memory_bandwidth=bandwidth,
@@ -134,8 +159,152 @@ def main(argv) -> int:
               f"{summary['single']['median']:.0%}, worst {summary['single']['worst']:.0%}; "
               f"{FLAGS.devices} devices median {summary['partitioned']['median']:.0%}, "
               f"worst {summary['partitioned']['worst']:.0%}."]
-    print(write_results("simulate", {"rows": rows, "profile": asdict(profile),
-                                     "errors": summary}, lambda _: "\n".join(table)))
+    return {"rows": rows, "profile": asdict(profile), "errors": summary, "table": table}
+
+
+def graph_runs(configs: list[str], counts: list[int]) -> list[dict]:
+    """Per config and device count: measured step seconds, the model's graph, and each
+    node's measured kernel seconds (one traced step)."""
+    from tofu_tf.api import optimize_imported
+    from tofu_tf.importer.graphdef_io import import_graph_def
+    from tofu_tf.models import build
+    from tofu_tf.runtime import stepmodel
+    from tofu_tf.runtime.profile import step_stats
+    from tofu_tf.runtime.session import ImportedStep, Runner, SingleDevice
+    from tofu_tf.search.topology import Topology
+    runs = []
+    for config in configs:
+        model, sizes, medium = CONFIGS[config]
+        steps, warmup = (FLAGS.medium_steps, 1) if medium else (FLAGS.steps, 3)
+        step = build(model, optimizer="sgd", graph_only=True, **sizes)
+        feeds = dict(zip(step.feeds, step.sample_batch(0)))
+        with SingleDevice(step.graph_def, step.init_op, step.fetches) as single:
+            values = single.values()
+        imported = import_graph_def(step.graph_def, list(step.fetches), feeds=list(step.feeds))
+        sessions = []                # (devices, runner, graph_def, run)
+        for n in counts:
+            if n == 1:         # the graph the planner partitions (inlined), run whole
+                runner = ImportedStep(imported)
+                runner.load(values)
+                fetches = list(imported.graph.fetches)
+                sessions.append((n, runner, imported.graph_def, fetches,
+                                 functools.partial(runner.run, feeds, fetches)))
+            else:
+                optimized = optimize_imported(imported, Topology.default(n),
+                                              feeds=list(step.feeds))
+                runner = Runner(optimized, values)
+                sessions.append((n, runner, optimized.graph_def, optimized.fetches,
+                                 functools.partial(runner.run, feeds)))
+        # Tiny steps: the least of `rounds` medians, the device counts taking turns, so
+        # that a slow spell of this shared machine does not decide a figure.
+        rounds = 1 if medium else 5
+        best = {n: float("inf") for n, *_ in sessions}
+        for _ in range(rounds):
+            for n, _, _, _, run in sessions:
+                best[n] = min(best[n], median_seconds(run, steps, warmup))
+        for n, runner, graph_def, fetches, _ in sessions:
+            stats, _ = step_stats(runner.session, fetches, feeds)
+            runner.close()
+            graph = stepmodel.step_graph(graph_def, fetches)
+            kernel = stepmodel.kernel_times(stats)
+            runs.append({"config": config, "devices": n, "medium": medium,
+                         "measured": best[n], "step": graph,
+                         "samples": [(node, kernel[node.name]) for node in graph.nodes
+                                     if node.name in kernel]})
+            print(f"{config} @{n}: {1e3 * best[n]:.2f} ms, {len(graph.nodes)} nodes, "
+                  f"{graph.edges} cross-device edges", flush=True)
+    return runs
+
+
+def graph_section() -> dict:
+    import statistics
+
+    from tofu_tf.runtime import stepmodel
+    import pickle
+    configs = [c for c in FLAGS.configs.split(",") if c] or list(CONFIGS)
+    cache = Path(FLAGS.runs_cache) if FLAGS.runs_cache else None
+    if cache is not None and cache.exists():
+        runs = pickle.loads(cache.read_bytes())
+    else:
+        counts = [1] if FLAGS.device == "gpu" else [int(n) for n in FLAGS.device_counts]
+        runs = graph_runs(configs, counts)
+        if cache is not None:
+            cache.write_bytes(pickle.dumps(runs))
+    fitting = [r for r in runs if r["config"] not in HELD_OUT]
+    kernels = stepmodel.fit_kernels([s for r in fitting for s in r["samples"]])
+    cores = 1 if FLAGS.device == "gpu" else os.cpu_count() or 1   # one stream
+    executor = stepmodel.fit_executor([(r["step"], r["measured"]) for r in fitting],
+                                      kernels, cores)
+    rows, errors = [], {"held_out": [], "calibration": []}
+    for r in runs:
+        predicted = stepmodel.predict(r["step"], kernels, executor)
+        error = predicted.seconds / r["measured"] - 1
+        held = r["config"] in HELD_OUT
+        errors["held_out" if held else "calibration"].append(abs(error))
+        rows.append({"config": r["config"], "devices": r["devices"], "medium": r["medium"],
+                     "held_out": held, "measured": r["measured"],
+                     "predicted": predicted.seconds, "work_bound": predicted.work_bound,
+                     "path_bound": predicted.path_bound, "error": error,
+                     "nodes": len(r["step"].nodes), "edges": r["step"].edges})
+    summary = {k: {"median": statistics.median(v), "worst": max(v), "runs": len(v)}
+               for k, v in errors.items() if v}
+    return {"rows": rows, "errors": summary, "command": " ".join(sys.argv),
+            "calibration": stepmodel.Calibration(kernels, executor).to_json()}
+
+
+def _ms(seconds: float) -> str:
+    return f"{1e3 * seconds:.2f}" if seconds < 10 else f"{1e3 * seconds:.0f}"
+
+
+def render(stored: dict) -> str:
+    lines = ["# Step-time simulators against measured steps", ""]
+    for key, where in (("graph", "logical CPU devices"), ("graph_gpu", "one GPU")):
+        graph = stored.get(key)
+        if not graph:
+            continue
+        cal = graph["calibration"]
+        ex = cal["executor"]
+        lines += [f"## The emitted graph's nodes on {where} (tofu_tf/runtime/stepmodel.py)",
+                  "",
+                  f"Command: `{graph.get('command', '')}`. Error: predicted / measured - 1. "
+                  "Held-out configs (yes) were not used to fit anything.", "",
+                  markdown_table(["config", "devices", "held out", "measured ms",
+                                  "predicted ms", "error", "work bound ms", "path bound ms",
+                                  "nodes", "cross-device edges"],
+                                 [[r["config"], r["devices"], "yes" if r["held_out"] else "",
+                                   _ms(r["measured"]), _ms(r["predicted"]),
+                                   f"{r['error']:+.0%}", _ms(r["work_bound"]),
+                                   _ms(r["path_bound"]), r["nodes"], r["edges"]]
+                                  for r in graph["rows"]]), ""]
+        for name, e in graph["errors"].items():
+            lines.append(f"- {name.replace('_', '-')} ({e['runs']} runs): median "
+                         f"{e['median']:.0%}, worst {e['worst']:.0%}")
+        lines += ["", f"Executor: {ex['node_overhead'] * 1e6:.2f} us per node, "
+                  f"{ex['edge_cost'] * 1e6:.2f} us per cross-device edge, "
+                  f"{ex['edge_latency'] * 1e6:.2f} us edge latency, {ex['cores']} cores, "
+                  f"kernels keep {ex.get('utilization', 1.0):.1f} of them busy. "
+                  "Kernel laws per op type, and per family for rarer types (fixed us, ns per "
+                  "KB, ns per MFLOP):", "",
+                  markdown_table(["op type or family", "fixed us", "ns per KB",
+                                  "ns per MFLOP"],
+                                 [[f, f"{v[0] * 1e6:.2f}", f"{v[1] * 1e9 * 1e3:.2f}",
+                                   f"{v[2] * 1e9 * 1e6:.2f}"]
+                                  for f, v in sorted(cal["kernels"].items())]), ""]
+    plan = stored.get("plan")
+    if plan:
+        lines += ["## The plan (tofu_tf/search/simulate.py)", ""] + plan["table"]
+    return "\n".join(lines)
+
+
+def main(argv) -> int:
+    del argv
+    stored = read_results("simulate", False)
+    stored = {k: stored[k] for k in ("plan", "graph", "graph_gpu") if k in stored}
+    if "plan" in FLAGS.sections:
+        stored["plan"] = plan_section()
+    if "graph" in FLAGS.sections:
+        stored["graph" if FLAGS.device == "cpu" else "graph_gpu"] = graph_section()
+    print(write_results("simulate", stored, render))
     return 0
 
 

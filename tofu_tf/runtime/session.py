@@ -185,3 +185,35 @@ class WrappedRunner:
                 whole[box_slices(shard.box)] = value
             out[name] = whole
         return out
+
+
+class ImportedStep(_SessionOwner):
+    """The imported (normalised, inlined) GraphDef of a step in a one-device Session, its
+    variables set from values by handle name: the graph the planner partitions, run
+    whole."""
+
+    def __init__(self, imported):
+        """`imported`: an importer.graphdef_io.ImportedGraph."""
+        self.graph = LazyGraph(imported.graph_def)
+        self._reads, self._assigns = {}, {}
+        with self.graph.as_default():
+            for name in imported.graph.variables:
+                op = self.graph.get_operation_by_name(name)
+                dtype = op.get_attr("dtype")
+                self._reads[name] = tf.raw_ops.ReadVariableOp(resource=op.outputs[0],
+                                                              dtype=dtype)
+                value = tf.compat.v1.placeholder(dtype)
+                self._assigns[name] = (value, tf.raw_ops.AssignVariableOp(
+                    resource=op.outputs[0], value=value))
+        self.session = tf.compat.v1.Session(graph=self.graph, config=session_config(1))
+
+    def load(self, values: Mapping[str, np.ndarray]) -> None:
+        names = [n for n in values if n in self._assigns]
+        self.session.run([self._assigns[n][1] for n in names],
+                         {self._assigns[n][0]: values[n] for n in names})
+
+    def values(self) -> dict[str, np.ndarray]:
+        return self.session.run(self._reads)
+
+    def run(self, feeds, fetches):
+        return self.session.run(list(fetches), dict(feeds))

@@ -35,14 +35,13 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, types_pb2
 
-from tofu_tf._tf_graph import LazyGraph
 from tofu_tf.api import optimize_imported
 from tofu_tf.graph import Graph
 from tofu_tf.op_semantics.catalog import catalog
 from tofu_tf.options import Options
 from tofu_tf.rewrite.emit import partition_of
 from tofu_tf.importer.graphdef_io import ImportedGraph
-from tofu_tf.runtime.session import Runner, session_config
+from tofu_tf.runtime.session import ImportedStep, Runner, session_config
 from tofu_tf.search.plan import Plan
 from tofu_tf.search.topology import Topology
 
@@ -141,7 +140,7 @@ def unpartitioned_values(imported: ImportedGraph, feeds: Mapping[str, np.ndarray
                          values: Mapping[str, np.ndarray], tensors: Sequence[str]
                          ) -> dict[str, np.ndarray]:
     """`tensors`' values in one unpartitioned step from `values` and `feeds`."""
-    with _Unpartitioned(imported) as single:
+    with ImportedStep(imported) as single:
         single.load(values)
         got = single.run(feeds, list(tensors) + list(imported.graph.fetches))
     return dict(zip(tensors, got))
@@ -166,7 +165,7 @@ def compare_step(imported: ImportedGraph, topology: Topology | str | int,
                                   plan=plan, expose=tensors)
     exposed = [EXPOSED + t.replace(":", "_") + ":0" for t in tensors]
     reports, culprit = [], None
-    with _Unpartitioned(imported) as single, Runner(optimized, values) as runner:
+    with ImportedStep(imported) as single, Runner(optimized, values) as runner:
         single.load(values)
         for step, batch in enumerate(batches):
             runner.load(single.values())
@@ -406,42 +405,6 @@ def _pieces(imported: ImportedGraph, plan: Plan, op_name: str) -> tuple[str, ...
 
 def _box(box) -> str:
     return "[" + ", ".join(f"{a}:{b}" for a, b in box) + "]"
-
-
-class _Unpartitioned:
-    """The imported (normalised) GraphDef in a one-device Session, its variables set from
-    values by handle name."""
-
-    def __init__(self, imported: ImportedGraph):
-        self.graph = LazyGraph(imported.graph_def)
-        self._reads, self._assigns = {}, {}
-        with self.graph.as_default():
-            for name in imported.graph.variables:
-                op = self.graph.get_operation_by_name(name)
-                dtype = op.get_attr("dtype")
-                self._reads[name] = tf.raw_ops.ReadVariableOp(resource=op.outputs[0],
-                                                              dtype=dtype)
-                value = tf.compat.v1.placeholder(dtype)
-                self._assigns[name] = (value, tf.raw_ops.AssignVariableOp(
-                    resource=op.outputs[0], value=value))
-        self.session = tf.compat.v1.Session(graph=self.graph, config=session_config(1))
-
-    def load(self, values: Mapping[str, np.ndarray]) -> None:
-        names = [n for n in values if n in self._assigns]
-        self.session.run([self._assigns[n][1] for n in names],
-                         {self._assigns[n][0]: values[n] for n in names})
-
-    def values(self) -> dict[str, np.ndarray]:
-        return self.session.run(self._reads)
-
-    def run(self, feeds, fetches):
-        return self.session.run(list(fetches), dict(feeds))
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.session.close()
 
 
 # -- models and the binary ------------------------------------------------------------------

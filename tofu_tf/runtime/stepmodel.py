@@ -1,0 +1,329 @@
+"""Step time of a GraphDef on logical CPU devices: a model of its nodes, calibrated from
+TensorFlow's own step stats.
+
+What a step on N logical CPU devices sharing C cores costs, node by node of the graph the
+emitter wrote (or the unpartitioned graph, N = 1):
+
+- a node's kernel: `fixed + per_byte x bytes + per_flop x flops`, a law per op type (per
+  op family, `family`, for types seen too rarely): bytes are its inputs' and outputs'
+  (from the graph's static shapes), flops TensorFlow's own count for the op
+  (`ops.get_stats_for_node_def`, registered for matmuls, convolutions and some
+  element-wise ops; 0 elsewhere). The laws are fitted by non-negative least squares on
+  measured kernel times (`fit_kernels`), so each type's throughput and fixed cost come
+  from this machine, not from a peak figure.
+- the executor: `node_overhead` per node (scheduling, allocation), and per cross-device
+  edge `edge_cost` of CPU (TensorFlow's Send and Recv, the rendezvous) and `edge_latency`
+  of waiting before the consumer may start; per step `step_overhead` (the session's
+  dispatch, feeds and fetches).
+- sharing: a kernel's throughput part (bytes and flops) runs on TensorFlow's intra-op
+  threads and keeps `utilization` of the C cores busy on average (fitted: the laws come
+  from kernels timed while others ran, so it may exceed C): when devices run kernels at
+  once, the cores are the limit. The fixed parts and the executor's run one per inter-op
+  thread: C of them at once. Hence the work bound
+      W = (utilization x sum(throughput parts) + sum(fixed parts) + nodes x node_overhead
+           + edges x edge_cost) / C,
+  and the path bound P, the longest chain of nodes (data and control edges, each device's
+  sequential chain included) with each cross-device edge adding `edge_latency`. The model
+  predicts max(W, P) + step_overhead.
+
+The kernel laws are fitted on the kernels of traced steps (unpartitioned and partitioned),
+then the executor's constants on whole-step wall times (`fit_executor`); calibration and
+evaluation take different configs (bench/simulate.py). What the model misses, measured
+there: one large kernel's time is not a function of its bytes and flops alone (the same
+1.07 GFLOP convolution input gradient took 12 to 249 ms in one step), and the laws,
+fitted mostly on partitioned steps' smaller kernels, underestimate an unpartitioned
+medium step's large ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+FAMILIES = ("conv", "matmul", "reduce", "movement", "source", "update", "elementwise")
+
+_FAMILY_OF = {
+    **dict.fromkeys(("Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "Conv3D",
+                     "DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput",
+                     "DepthwiseConv2dNativeBackpropFilter", "AvgPool", "MaxPool",
+                     "AvgPoolGrad", "MaxPoolGrad"), "conv"),
+    **dict.fromkeys(("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum"),
+                    "matmul"),
+    **dict.fromkeys(("Sum", "Mean", "Max", "Min", "Prod", "All", "Any", "ArgMax", "ArgMin",
+                     "BiasAddGrad", "AddN", "Softmax", "LogSoftmax",
+                     "SparseSoftmaxCrossEntropyWithLogits", "SoftmaxCrossEntropyWithLogits",
+                     "FusedBatchNormV3", "FusedBatchNormGradV3", "UnsortedSegmentSum",
+                     "Cumsum", "Cumprod"), "reduce"),
+    **dict.fromkeys(("Slice", "StridedSlice", "StridedSliceGrad", "ConcatV2", "Pad", "PadV2",
+                     "MirrorPad", "Transpose", "Tile", "GatherV2", "ResourceGather",
+                     "Fill", "Pack", "Unpack", "Split", "SplitV", "ZerosLike", "OnesLike",
+                     "BroadcastTo", "Reverse", "ReverseV2"), "movement"),
+    **dict.fromkeys(("Const", "VarHandleOp", "ReadVariableOp", "NoOp", "Placeholder",
+                     "Identity", "Reshape", "Shape", "ShapeN", "ExpandDims", "Squeeze",
+                     "StopGradient", "Size", "Rank"), "source"),
+}
+
+
+def family(op_type: str) -> str:
+    if op_type in _FAMILY_OF:
+        return _FAMILY_OF[op_type]
+    if op_type.startswith(("ResourceApply", "Assign")):
+        return "update"
+    return "elementwise"
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    op_type: str
+    device: int
+    family: str
+    bytes: float                         # inputs' and outputs' bytes
+    flops: float
+
+
+@dataclass(frozen=True)
+class StepGraph:
+    """What the model needs of a GraphDef: its nodes in topological order and, per node,
+    its predecessors (data and control inputs) with whether each edge crosses devices."""
+    nodes: tuple[Node, ...]
+    preds: tuple[tuple[tuple[int, bool], ...], ...]  # per node: (predecessor, crosses)
+    devices: int
+    edges: int                   # cross-device data edges: one per (tensor, device)
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """Per op type, and per family for the other types of a family: (fixed seconds,
+    seconds per byte, seconds per flop)."""
+    coefficients: Mapping[str, tuple[float, float, float]]
+
+    def split(self, node: Node) -> tuple[float, float]:
+        """(fixed part, throughput part) of the node's kernel seconds."""
+        law = self.coefficients.get(node.op_type) or self.coefficients.get(node.family)
+        fixed, per_byte, per_flop = law or (0.0, 0.0, 0.0)
+        return fixed, per_byte * node.bytes + per_flop * node.flops
+
+    def seconds(self, node: Node) -> float:
+        return sum(self.split(node))
+
+
+@dataclass(frozen=True)
+class Executor:
+    node_overhead: float = 1e-6      # seconds per node
+    edge_cost: float = 5e-6          # CPU seconds per cross-device edge
+    edge_latency: float = 10e-6      # seconds a cross-device edge delays its consumer
+    cores: int = 2
+    utilization: float = 1.0         # cores a kernel's throughput part keeps busy
+    step_overhead: float = 0.0       # seconds per step: the session's dispatch, feeds, fetches
+
+
+@dataclass(frozen=True)
+class Prediction:
+    seconds: float
+    work_bound: float
+    path_bound: float
+
+
+def predict(step: StepGraph, kernels: Kernels, executor: Executor) -> Prediction:
+    parts = [kernels.split(node) for node in step.nodes]
+    path = path_bound(step, [f + t for f, t in parts], executor)
+    work = work_bound(step, parts, executor)
+    return Prediction(max(work, path) + executor.step_overhead, work, path)
+
+
+def work_bound(step: StepGraph, parts: Sequence[tuple[float, float]],
+               executor: Executor) -> float:
+    fixed = sum(f for f, _ in parts)
+    throughput = sum(t for _, t in parts)
+    return (executor.utilization * throughput + fixed + len(step.nodes) * executor.node_overhead
+            + step.edges * executor.edge_cost) / executor.cores
+
+
+def path_bound(step: StepGraph, kernel: Sequence[float], executor: Executor) -> float:
+    """The longest chain: each node after its predecessors (cross-device ones after the
+    edge's latency), its kernel and the executor's overhead."""
+    finish = [0.0] * len(step.nodes)
+    latency, overhead = executor.edge_latency, executor.node_overhead
+    for i, preds in enumerate(step.preds):
+        ready = 0.0
+        for p, crosses in preds:
+            t = finish[p] + latency if crosses else finish[p]
+            if t > ready:
+                ready = t
+        finish[i] = ready + kernel[i] + overhead
+    return max(finish, default=0.0)
+
+
+# -- from TensorFlow ------------------------------------------------------------------------
+
+def step_graph(graph_def, fetches: Sequence[str] = ()) -> StepGraph:
+    """The model's view of a GraphDef (shapes and flops through TensorFlow): the nodes a
+    run of `fetches` (tensor or op names; none: every node) executes."""
+    import tensorflow as tf
+    from tensorflow.python.framework import ops as tf_ops
+
+    from tofu_tf._tf_graph import LazyGraph
+    graph = LazyGraph(graph_def)
+    by_name = {node.name: node for node in graph_def.node}
+    order = _topological(graph_def, {f.split(":")[0] for f in fetches})
+    devices = sorted({by_name[name].device for name in order})
+    index = {name: i for i, name in enumerate(order)}
+    nodes, preds, edges = [], [], set()
+    for name in order:
+        node_def = by_name[name]
+        op = graph.get_operation_by_name(name)
+        size = sum(_bytes(t) for t in list(op.inputs) + list(op.outputs))
+        try:
+            flops = tf_ops.get_stats_for_node_def(graph, node_def, "flops").value or 0
+        except (ValueError, TypeError, tf.errors.OpError):
+            flops = 0
+        nodes.append(Node(name, node_def.op, devices.index(node_def.device),
+                          family(node_def.op), float(size), float(flops)))
+        mine = []
+        for text in node_def.input:
+            source = text.lstrip("^").split(":")[0]
+            crosses = by_name[source].device != node_def.device
+            mine.append((index[source], crosses))
+            if crosses and not text.startswith("^"):
+                edges.add((text, node_def.device))
+        preds.append(tuple(mine))
+    return StepGraph(tuple(nodes), tuple(preds), len(devices), len(edges))
+
+
+def _bytes(tensor) -> int:
+    if tensor.dtype.is_numpy_compatible and tensor.shape.is_fully_defined() and \
+            tensor.dtype.size:
+        return int(np.prod(tensor.shape.as_list(), dtype=np.int64)) * tensor.dtype.size
+    return 0
+
+
+def _topological(graph_def, wanted: set[str]) -> list[str]:
+    """Names of the nodes `wanted` need (all without any), producers first."""
+    by_name = {node.name: node for node in graph_def.node}
+    keep = set(by_name) if not wanted else set()
+    stack = list(wanted)
+    while stack:
+        name = stack.pop()
+        if name not in keep:
+            keep.add(name)
+            stack += [t.lstrip("^").split(":")[0] for t in by_name[name].input]
+    indegree = {name: 0 for name in keep}
+    users = defaultdict(list)
+    for name in keep:
+        for text in by_name[name].input:
+            indegree[name] += 1
+            users[text.lstrip("^").split(":")[0]].append(name)
+    ready = [node.name for node in graph_def.node if node.name in keep and
+             indegree[node.name] == 0]
+    order = []
+    while ready:
+        name = ready.pop()
+        order.append(name)
+        for user in users[name]:
+            indegree[user] -= 1
+            if indegree[user] == 0:
+                ready.append(user)
+    return order
+
+
+def kernel_times(step_stats) -> dict[str, float]:
+    """Node name -> its kernel seconds in a traced step (TensorFlow's own Send and Recv
+    nodes too, which no GraphDef names)."""
+    out = {}
+    for dev in step_stats.dev_stats:
+        for ns in dev.node_stats:
+            out[ns.node_name] = (ns.op_end_rel_micros - ns.op_start_rel_micros) * 1e-6
+    return out
+
+
+# -- calibration ----------------------------------------------------------------------------
+
+def fit_kernels(samples: Sequence[tuple[Node, float]], min_samples: int = 3) -> Kernels:
+    """A law per family, and per op type with at least `min_samples` samples: NNLS of
+    measured kernel seconds on (1, bytes, flops), each sample weighted by 1 / (its seconds
+    + 1 us) so that the many small kernels and the few large ones both count (relative
+    error). A type's law keeps its family's fixed cost and fits its own throughput: a type
+    seen at one size only (an LSTM's gates) cannot tell the two apart, and one law per
+    family would not do either (on this CPU a convolution's input gradient runs at a
+    fortieth of its forward's FLOP/s)."""
+    families, types = defaultdict(list), defaultdict(list)
+    for node, seconds in samples:
+        families[node.family].append((node, seconds))
+        types[node.op_type].append((node, seconds))
+    laws = {name: _law(rows) for name, rows in families.items()}
+    for name, rows in types.items():
+        if len(rows) >= min_samples:
+            fixed = laws[rows[0][0].family][0]
+            laws[name] = (fixed,) + _law([(n, max(t - fixed, 0.0)) for n, t in rows],
+                                         with_fixed=False)
+    return Kernels(laws)
+
+
+def _law(rows, with_fixed: bool = True) -> tuple[float, ...]:
+    from scipy.optimize import nnls
+    a = np.array([([1.0] if with_fixed else []) + [n.bytes, n.flops] for n, _ in rows])
+    b = np.array([s for _, s in rows])
+    scale = np.maximum(a.max(axis=0), 1e-30)
+    weight = 1.0 / (b + 1e-6)
+    solution, _ = nnls((a / scale) * weight[:, None], b * weight)
+    return tuple(float(v) for v in solution / scale)
+
+
+def fit_executor(steps: Sequence[tuple[StepGraph, float]], kernels: Kernels, cores: int,
+                 grid: int = 13) -> Executor:
+    """The executor's constants minimising the mean of log(1 + |relative error|) over
+    `steps` ((graph, measured seconds); every step counts, a large miss less than in
+    proportion): per node, per edge and edge latency on a log grid from 0.1 to 100 us,
+    utilization from 0.5 to 2 x `cores` in tenths, the step's overhead from 0 to 300 us."""
+    values = [float(v) for v in np.logspace(-7, -4, grid)]
+    utilizations = [float(u) for u in np.arange(0.5, 2 * cores + 0.05, 0.1)]
+    step_overheads = [float(v) for v in np.arange(0.0, 310e-6, 25e-6)]
+    parts = [[kernels.split(node) for node in step.nodes] for step, _ in steps]
+    sums = np.array([(sum(f for f, _ in p), sum(t for _, t in p), len(step.nodes), step.edges)
+                     for (step, _), p in zip(steps, parts)])
+    measured = np.array([m for _, m in steps])
+    kernel = [[f + t for f, t in p] for p in parts]
+    best, best_error = None, np.inf
+    for overhead in values:
+        for latency in values:
+            paths = np.array([path_bound(step, k, Executor(overhead, 0.0, latency, cores))
+                              for (step, _), k in zip(steps, kernel)])
+            for cost, utilization in itertools.product(values, utilizations):
+                work = (utilization * sums[:, 1] + sums[:, 0] + sums[:, 2] * overhead
+                        + sums[:, 3] * cost) / cores
+                base = np.maximum(work, paths)
+                for step_overhead in step_overheads:
+                    errors = np.abs((base + step_overhead) / measured - 1)
+                    error = float(np.mean(np.log1p(errors)))
+                    if error < best_error:
+                        best = Executor(overhead, cost, latency, cores, utilization,
+                                        step_overhead)
+                        best_error = error
+    return best
+
+
+@dataclass
+class Calibration:
+    """Kernel laws and executor constants, as bench/results/simulate.json stores them."""
+    kernels: Kernels
+    executor: Executor
+
+    def to_json(self) -> dict:
+        return {"kernels": {k: list(v) for k, v in self.kernels.coefficients.items()},
+                "executor": dataclasses.asdict(self.executor)}
+
+    @staticmethod
+    def from_json(data: dict) -> "Calibration":
+        return Calibration(Kernels({k: tuple(v) for k, v in data["kernels"].items()}),
+                           Executor(**data["executor"]))
+
+
+__all__ = ["FAMILIES", "Calibration", "Executor", "Kernels", "Node", "Prediction",
+           "StepGraph", "family", "fit_executor", "fit_kernels", "kernel_times", "predict",
+           "step_graph"]
