@@ -9,8 +9,13 @@ import collections
 
 import pytest
 
+from tofu_tf.importer.graphdef_io import import_graph_def
+from tofu_tf.models import build
+from tofu_tf.op_semantics.catalog import catalog
 from tofu_tf.options import Options, VariableStorage
-from tofu_tf.rewrite.partition import EXCHANGE_BYTES
+from tofu_tf.rewrite.partition import EXCHANGE_BYTES, computed_once, partition
+from tofu_tf.search.plan import make_plan
+from tofu_tf.search.topology import Topology
 
 from equivalence import compare
 
@@ -80,3 +85,21 @@ def test_a_small_partial_result_is_combined_at_one_member(topology):
                                        if m.tensor == t and not m.shared)
         assert all(count == 1 for d, count in received.items() if d not in roots), received
     assert stars, "some reduction group has more than two devices"
+
+
+@pytest.mark.parametrize("model,topology", [("wresnet", "2x2x2"), ("lstm", "4x2")])
+def test_every_op_that_qualifies_runs_once(model, topology):
+    """Ops of one class (equal signatures and choices: a ResNet's repeated blocks, an
+    RNN's steps) share their device ops; each is computed once all the same."""
+    step = build(model, optimizer="adam", graph_only=True, batch_size=8)
+    imported = import_graph_def(step.graph_def, list(step.fetches), feeds=list(step.feeds))
+    graph, entries = imported.graph, catalog(imported.graph)
+    plan = make_plan(graph, Topology.parse(topology), options=Options(replicate_below=4096))
+    every = partition(graph, entries, plan)
+    once = partition(graph, entries, plan, once_below=4096)
+    qualify = {op.name for op in graph if op.name in every.ops and computed_once(
+        op, entries[op.name].semantics, every.ops[op.name], graph, 4096)}
+    assert len(qualify) > 1
+    for name, pieces in once.ops.items():
+        assert all(p.elsewhere for p in pieces[1:]) == (name in qualify), name
+        assert not pieces[0].elsewhere

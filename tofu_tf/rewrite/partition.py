@@ -298,13 +298,13 @@ def partition(graph: Graph, entries: Mapping[str, OpEntry], plan: Plan,
         key = _class_key(op, entry, labels)
         if key is not None and key in alike:
             ops[op.name] = tuple(_renamed(piece, op.name) for piece in alike[key])
-            continue
-        dtypes = ([graph.tensors[t].dtype for t in op.inputs],
-                  [graph.tensors[t].dtype for t in op.outputs])
-        ops[op.name] = device_ops(entry.semantics, entry.strategies, labels, ways, coords,
-                                  memo, dtypes, _asked_once(result_shapes))
-        if key is not None:
-            alike[key] = ops[op.name]
+        else:
+            dtypes = ([graph.tensors[t].dtype for t in op.inputs],
+                      [graph.tensors[t].dtype for t in op.outputs])
+            ops[op.name] = device_ops(entry.semantics, entry.strategies, labels, ways,
+                                      coords, memo, dtypes, _asked_once(result_shapes))
+            if key is not None:
+                alike[key] = ops[op.name]
         if once_below and computed_once(op, entry.semantics, ops[op.name], graph, once_below):
             ops[op.name] = ops[op.name][:1] + tuple(
                 dataclasses.replace(piece, elsewhere=True) for piece in ops[op.name][1:])
