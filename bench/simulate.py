@@ -53,7 +53,7 @@ flags.DEFINE_list("device_counts", ["1", "2", "4", "8"], "graph: logical CPU dev
 flags.DEFINE_integer("medium_steps", 3, "graph: timed steps of a medium config")
 flags.DEFINE_enum("device", "cpu", ["cpu", "gpu"], "graph: cpu (logical CPU devices at "
                   "--device_counts) or gpu (unpartitioned steps on GPU:0 only, one GPU: the "
-                  "per-family kernel laws and the executor there, results under graph_gpu)")
+                  "kernel laws and the executor there, results under graph_gpu)")
 flags.DEFINE_string("runs_cache", None, "graph: keep the measured runs in this pickle and "
                     "reuse them when it exists (refit the model without measuring again)")
 
@@ -181,7 +181,7 @@ def graph_runs(configs: list[str], counts: list[int]) -> list[dict]:
         with SingleDevice(step.graph_def, step.init_op, step.fetches) as single:
             values = single.values()
         imported = import_graph_def(step.graph_def, list(step.fetches), feeds=list(step.feeds))
-        sessions = []                # (devices, runner, graph_def, run)
+        sessions = []             # (devices, runner, graph_def, fetches, run)
         for n in counts:
             if n == 1:         # the graph the planner partitions (inlined), run whole
                 runner = ImportedStep(imported)
@@ -217,10 +217,10 @@ def graph_runs(configs: list[str], counts: list[int]) -> list[dict]:
 
 
 def graph_section() -> dict:
+    import pickle
     import statistics
 
     from tofu_tf.runtime import stepmodel
-    import pickle
     configs = [c for c in FLAGS.configs.split(",") if c] or list(CONFIGS)
     cache = Path(FLAGS.runs_cache) if FLAGS.runs_cache else None
     if cache is not None and cache.exists():

@@ -7,13 +7,14 @@ moves 7-23% less on the reference models at 2x2x2, and up to half less over the 
 links). This module prices what the emitter realises, from the per-device boxes (no
 TensorFlow), with the rules the emitter follows:
 
-- read: an op on device d reads box B of a tensor stored as S_d on d. B within what d
-  holds moves nothing; otherwise every element of B that d lacks comes from the nearest
-  device holding it (the longest shared prefix of level coordinates). What d holds of a
-  tensor is S_d plus the regions it assembled from remote elements before (relaying: the
-  second device of a group that needs a remote region reads it from the first, over an
-  inner link). A variable read off its shard (ReadVariableOp) reads the shards only: an
-  update may change them between two reads.
+- read: an op on device d reads box B of a tensor stored as S_d on d (an op computed once,
+  `partition.computed_once`, reads on device 0 only). B within what d holds moves nothing;
+  otherwise every element of B that d lacks comes from the nearest device holding it (the
+  longest shared prefix of level coordinates). What d holds of a tensor is S_d plus the
+  regions it assembled from remote elements before (relaying: the second device of a group
+  that needs a remote region reads it from the first, over an inner link). A variable read
+  off its shard (ReadVariableOp) reads the shards only: an update may change them between
+  two reads.
 - convert: a tensor's stored box S_e on device e, assembled from what the devices produced
   (P_e on e, and regions received before): what e lacks of S_e, once per device where the
   stored box is used. It is used on d by a read within S_d, on every device by a read
@@ -25,8 +26,8 @@ TensorFlow), with the rules the emitter follows:
   collectives (a reduction group whose levels are all Replicated): one ring all-reduce per
   group, 2 (g - 1) |D| / g per member of g. A small replicated one (partition.exchanges): a
   group of two swaps whole copies; in a larger one the root receives each other member's
-  copy and alone holds the result. The stored box is then assembled
-  from the reduced pieces (and received regions) the device holds.
+  copy and alone holds the result. The stored box is then assembled from the reduced
+  pieces (and received regions) the device holds.
 
 Each transfer is attributed to the outermost level at which its two devices differ (the
 link it crosses). Feeds and fetched results are outside the step, as in the ledger.
