@@ -128,3 +128,24 @@ def test_user_model_trains_like_tf_function(build, devices):
     for got, want in zip(mine.weights, reference.weights):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-9, atol=1e-12,
                                    err_msg=got.path)
+
+
+def test_fed_from_a_dataset():
+    """The decorated step called in a loop over a tf.data pipeline (shuffled, batched,
+    prefetched), as users feed it: the same losses and weights as tf.function's."""
+    with keras_float("float64"):
+        reference, reference_step, _ = _train_step(_functional)
+        mine, my_step, _ = _train_step(_functional)
+    rng = np.random.default_rng(2)
+    data = tf.data.Dataset.from_tensor_slices((
+        rng.normal(size=(32, 20)), rng.integers(0, 10, 32).astype(np.int32),
+        rng.normal(size=(32, 3)))).shuffle(32, seed=0).batch(8, drop_remainder=True)
+    partitioned = tofu_tf.function(my_step, num_devices=4)
+    whole = tf.function(reference_step)
+    losses = [(partitioned(*batch).numpy(), whole(*batch).numpy())
+              for batch in data.prefetch(2)]
+    assert len(losses) == 4
+    np.testing.assert_allclose(*zip(*losses), rtol=1e-9, atol=1e-12)
+    partitioned.write_back()
+    for got, want in zip(mine.weights, reference.weights):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-9, atol=1e-12)

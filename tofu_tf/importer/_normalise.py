@@ -45,6 +45,12 @@ SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
 _UNROLL_FIX = ("unroll the loop in Python (for i in range(n)) with a fixed n, or "
                "use an unrolled layer (e.g. keras.layers.LSTM(..., unroll=True)); "
                "replace tf.cond with Python if on static values.")
+# A conditional in a training step is most often Keras's LossScaleOptimizer (the
+# mixed_float16 policy), which skips a step whose gradients are not finite.
+_COND_FIX = ("replace tf.cond with Python if on static values. Under mixed_float16, "
+             "keras.optimizers.LossScaleOptimizer adds one (it skips steps with non-finite "
+             "gradients): scale the loss by a constant instead (loss * S, then the "
+             "gradients / S), or use the mixed_bfloat16 policy, which needs no loss scaling.")
 
 
 def node_of(input_name: str) -> str:
@@ -316,7 +322,7 @@ def reject_unsupported(graph_def: graph_pb2.GraphDef, *, inlined: bool = True) -
             raise GraphImportError(
                 "control flow cannot be partitioned op by op (loops and conditionals "
                 "must be unrolled before import).", node=node.name, op_type=node.op,
-                fix=_UNROLL_FIX)
+                fix=_COND_FIX if node.op in ("If", "StatelessIf") else _UNROLL_FIX)
         if node.op.startswith("TensorList"):
             raise GraphImportError(
                 "TensorList ops (from loops over tensors) have no static element shapes.",
