@@ -75,6 +75,27 @@ class Optimized:
         from tofu_tf.rewrite.memory import estimate
         return estimate(self.graph_def, self.fetches, explain=explain)
 
+    def to_dtensor_layouts(self, mesh) -> dict[str, Any]:
+        """Variable name -> the DTensor `Layout` on `mesh` that stores it as the plan does:
+        the mesh has one dim per level of the plan's topology, outermost first, of the
+        level's ways (e.g. `dtensor.create_mesh([("x", 2), ("y", 4)])` for 2x4). A variable
+        the plan stores in no such layout (a dim split at two levels, uneven parts) raises
+        a TofuError naming it."""
+        from tensorflow.experimental import dtensor
+        ways = tuple(level.ways for level in self.plan.levels)
+        shape = tuple(mesh.dim_size(name) for name in mesh.dim_names)
+        if shape != ways:
+            raise TofuError(f"a mesh of shape {shape} for a plan over ways {ways}.",
+                            fix="make the mesh one dim per level, outermost first, each of "
+                                "the level's ways.")
+        layouts = {}
+        for name, variable in self.graph.variables.items():
+            spec = self.plan.sharding_spec(variable.handle, variable.shape)
+            layouts[name] = dtensor.Layout(
+                [dtensor.UNSHARDED if level is None else mesh.dim_names[level]
+                 for level in spec], mesh)
+        return layouts
+
 
 def optimize(graph_def: graph_pb2.GraphDef, fetches: Sequence[str], *,
              feeds: Sequence[str] = (), num_devices: int | None = None,
@@ -228,6 +249,14 @@ class PartitionedFunction:
     def optimized(self) -> Optimized:
         self._require_built()
         return self._optimized
+
+    def dtensor_layouts(self, mesh) -> list[tuple[Any, Any]]:
+        """[(variable, its DTensor Layout on `mesh`)] for the variables the step reads or
+        updates, stored as the plan stores them (`Optimized.to_dtensor_layouts`)."""
+        self._require_built()
+        layouts = self._optimized.to_dtensor_layouts(mesh)
+        return [(self._variables[name], layout) for name, layout in layouts.items()
+                if name in self._variables]
 
     def write_back(self) -> None:
         """The current unpartitioned values into the original variables."""

@@ -18,7 +18,7 @@ from typing import Mapping
 from absl import logging
 
 from tofu_tf._gc import paused_gc
-from tofu_tf.errors import PlanInfeasibleError
+from tofu_tf.errors import PlanInfeasibleError, TofuError
 from tofu_tf.graph import Graph
 from tofu_tf.options import Options
 from tofu_tf.search.memory import single_device_peak
@@ -109,6 +109,31 @@ class Plan:
     def state(self, level: int, tensor: str) -> str:
         """The stored state of `tensor` at `level` (0-based): its group's state."""
         return self.levels[level].group_states[self.groups[tensor]]
+
+    def sharding_spec(self, tensor: str, shape: tuple[int, ...]) -> tuple[int | None, ...]:
+        """Per dim of `tensor` (of `shape`), the level whose cut splits it (None: no level
+        does), as a DTensor layout states it: one mesh dim per level, each splitting at
+        most one tensor dim evenly. A TofuError names the tensor where the plan's storage
+        is not such a layout (a dim split at two levels, or a part of uneven size)."""
+        spec: list[int | None] = [None] * len(shape)
+        local = list(shape)
+        for level, plan_level in enumerate(self.levels):
+            state = self.state(level, tensor)
+            if not state.startswith("S("):
+                continue
+            dim = int(state[2:-1])
+            if spec[dim] is not None or local[dim] % plan_level.ways:
+                why = (f"its dim {dim} is split at levels {spec[dim] + 1} and {level + 1}"
+                       if spec[dim] is not None else
+                       f"its dim {dim} ({local[dim]} at level {level + 1}) does not divide "
+                       f"into {plan_level.ways} equal parts")
+                raise TofuError(f"the plan stores it in no DTensor layout: {why}.",
+                                node=tensor, fix="a layout has one mesh dim per tensor dim "
+                                "and even parts: choose a topology and sizes that give them, "
+                                "or keep tofu_tf's own placement.")
+            spec[dim] = level
+            local[dim] //= plan_level.ways
+        return tuple(spec)
 
     @property
     def peak_bytes(self) -> int:
