@@ -204,9 +204,8 @@ def exchanges(levels, states: list[OutputState], produced: Sequence[Box | None],
 def fetched_from(parts: Partition, t: str) -> range:
     """The devices whose stored boxes of t a fetch (gathered on device 0) uses: device 0's
     alone where it stores the whole tensor, else every device's."""
-    box = parts.stored[t][0]
-    whole = len(parts.stored[t]) == 1 or all(
-        contains(box, other) for other in parts.stored[t][1:])
+    first, *others = parts.stored[t]
+    whole = all(contains(first, other) for other in others)
     return range(1) if whole else range(parts.num_devices)
 
 
@@ -296,18 +295,19 @@ def partition(graph: Graph, entries: Mapping[str, OpEntry], plan: Plan,
             continue
         labels = tuple(level.choices.get(op.name, REPLICATE) for level in plan.levels)
         key = _class_key(op, entry, labels)
-        if key is not None and key in alike:
+        if key is not None and key in alike:     # its class decided computing once too
             ops[op.name] = tuple(_renamed(piece, op.name) for piece in alike[key])
-        else:
-            dtypes = ([graph.tensors[t].dtype for t in op.inputs],
-                      [graph.tensors[t].dtype for t in op.outputs])
-            ops[op.name] = device_ops(entry.semantics, entry.strategies, labels, ways,
-                                      coords, memo, dtypes, _asked_once(result_shapes))
-            if key is not None:
-                alike[key] = ops[op.name]
-        if once_below and computed_once(op, entry.semantics, ops[op.name], graph, once_below):
-            ops[op.name] = ops[op.name][:1] + tuple(
-                dataclasses.replace(piece, elsewhere=True) for piece in ops[op.name][1:])
+            continue
+        dtypes = ([graph.tensors[t].dtype for t in op.inputs],
+                  [graph.tensors[t].dtype for t in op.outputs])
+        pieces = device_ops(entry.semantics, entry.strategies, labels, ways, coords, memo,
+                            dtypes, _asked_once(result_shapes))
+        if once_below and computed_once(op, entry.semantics, pieces, graph, once_below):
+            pieces = pieces[:1] + tuple(dataclasses.replace(piece, elsewhere=True)
+                                        for piece in pieces[1:])
+        ops[op.name] = pieces
+        if key is not None:
+            alike[key] = pieces
     return Partition(ways, stored, ops)
 
 
@@ -338,12 +338,9 @@ def computed_once(op, sem: Semantics, pieces: tuple[DeviceOp, ...], graph: Graph
 
 def _alike(a: DeviceOp, b: DeviceOp) -> bool:
     """Whether two device ops run the same kernel on the same regions to the same boxes."""
-    return (a.op_type == b.op_type and a.inputs == b.inputs and a.identity == b.identity
-            and freeze(a.attrs) == freeze(b.attrs)
-            and freeze(dict(a.const_inputs)) == freeze(dict(b.const_inputs))
-            and all(x.box == y.box and x.crop == y.crop and x.scale == y.scale and
-                    x.partial_levels == y.partial_levels
-                    for x, y in zip(a.outputs, b.outputs)))
+    return (a.op_type == b.op_type and a.inputs == b.inputs and a.outputs == b.outputs
+            and a.identity == b.identity and freeze(a.attrs) == freeze(b.attrs)
+            and freeze(dict(a.const_inputs)) == freeze(dict(b.const_inputs)))
 
 
 def _renamed(piece: DeviceOp, name: str) -> DeviceOp:

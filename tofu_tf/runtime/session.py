@@ -54,29 +54,23 @@ class _SessionOwner:
         self.close()
 
 
-class SingleDevice(_SessionOwner):
-    """An unpartitioned graph-only step in a one-device v1 Session, initialised by its
-    `init_op`; `values()` reads every variable (by VarHandleOp name)."""
+class _WholeStep(_SessionOwner):
+    """A step's GraphDef run whole in a one-device v1 Session; its variables (VarHandleOps
+    named in `handles`) read and set by name."""
 
-    def __init__(self, graph_def, init_op: str, fetches):
+    def __init__(self, graph_def, handles):
         self.graph = LazyGraph(graph_def)
+        self._reads, self._assigns = {}, {}
         with self.graph.as_default():
-            self._reads, self._assigns = {}, {}
-            for node in graph_def.node:
-                if node.op == "VarHandleOp":
-                    op = self.graph.get_operation_by_name(node.name)
-                    dtype = op.get_attr("dtype")
-                    self._reads[op.name] = tf.raw_ops.ReadVariableOp(resource=op.outputs[0],
-                                                                     dtype=dtype)
-                    value = tf.compat.v1.placeholder(dtype)
-                    self._assigns[op.name] = (value, tf.raw_ops.AssignVariableOp(
-                        resource=op.outputs[0], value=value))
-        self.fetches = list(fetches)
+            for name in handles:
+                op = self.graph.get_operation_by_name(name)
+                dtype = op.get_attr("dtype")
+                self._reads[name] = tf.raw_ops.ReadVariableOp(resource=op.outputs[0],
+                                                              dtype=dtype)
+                value = tf.compat.v1.placeholder(dtype)
+                self._assigns[name] = (value, tf.raw_ops.AssignVariableOp(
+                    resource=op.outputs[0], value=value))
         self.session = tf.compat.v1.Session(graph=self.graph, config=session_config(1))
-        self.session.run(init_op)
-
-    def run(self, feeds: Mapping[str, np.ndarray]):
-        return self.session.run(self.fetches, dict(feeds))
 
     def load(self, values: Mapping[str, np.ndarray]) -> None:
         """Sets the variables named in `values`."""
@@ -85,6 +79,38 @@ class SingleDevice(_SessionOwner):
 
     def values(self) -> dict[str, np.ndarray]:
         return self.session.run(self._reads)
+
+
+class SingleDevice(_WholeStep):
+    """An unpartitioned graph-only step in a one-device v1 Session, initialised by its
+    `init_op`; `values()` reads every variable (by VarHandleOp name)."""
+
+    def __init__(self, graph_def, init_op: str, fetches):
+        super().__init__(graph_def, [node.name for node in graph_def.node
+                                     if node.op == "VarHandleOp"])
+        self.fetches = list(fetches)
+        self.session.run(init_op)
+
+    def run(self, feeds: Mapping[str, np.ndarray]):
+        return self.session.run(self.fetches, dict(feeds))
+
+
+class ImportedStep(_WholeStep):
+    """The imported (normalised, inlined) GraphDef of a step in a one-device Session, its
+    variables set from values by handle name: the graph the planner partitions, run
+    whole."""
+
+    def __init__(self, imported):
+        """`imported`: an importer.graphdef_io.ImportedGraph."""
+        super().__init__(imported.graph_def, imported.graph.variables)
+
+    def load(self, values: Mapping[str, np.ndarray]) -> None:
+        """Sets the variables of the step among `values` (others are ignored)."""
+        super().load({name: value for name, value in values.items()
+                      if name in self._assigns})
+
+    def run(self, feeds, fetches):
+        return self.session.run(list(fetches), dict(feeds))
 
 
 class Runner(_SessionOwner):
@@ -185,35 +211,3 @@ class WrappedRunner:
                 whole[box_slices(shard.box)] = value
             out[name] = whole
         return out
-
-
-class ImportedStep(_SessionOwner):
-    """The imported (normalised, inlined) GraphDef of a step in a one-device Session, its
-    variables set from values by handle name: the graph the planner partitions, run
-    whole."""
-
-    def __init__(self, imported):
-        """`imported`: an importer.graphdef_io.ImportedGraph."""
-        self.graph = LazyGraph(imported.graph_def)
-        self._reads, self._assigns = {}, {}
-        with self.graph.as_default():
-            for name in imported.graph.variables:
-                op = self.graph.get_operation_by_name(name)
-                dtype = op.get_attr("dtype")
-                self._reads[name] = tf.raw_ops.ReadVariableOp(resource=op.outputs[0],
-                                                              dtype=dtype)
-                value = tf.compat.v1.placeholder(dtype)
-                self._assigns[name] = (value, tf.raw_ops.AssignVariableOp(
-                    resource=op.outputs[0], value=value))
-        self.session = tf.compat.v1.Session(graph=self.graph, config=session_config(1))
-
-    def load(self, values: Mapping[str, np.ndarray]) -> None:
-        names = [n for n in values if n in self._assigns]
-        self.session.run([self._assigns[n][1] for n in names],
-                         {self._assigns[n][0]: values[n] for n in names})
-
-    def values(self) -> dict[str, np.ndarray]:
-        return self.session.run(self._reads)
-
-    def run(self, feeds, fetches):
-        return self.session.run(list(fetches), dict(feeds))

@@ -172,7 +172,7 @@ def step_graph(graph_def, fetches: Sequence[str] = ()) -> StepGraph:
     graph = LazyGraph(graph_def)
     by_name = {node.name: node for node in graph_def.node}
     order = _topological(graph_def, {f.split(":")[0] for f in fetches})
-    devices = sorted({by_name[name].device for name in order})
+    devices = {name: i for i, name in enumerate(sorted({by_name[n].device for n in order}))}
     index = {name: i for i, name in enumerate(order)}
     nodes, preds, edges = [], [], set()
     for name in order:
@@ -183,7 +183,7 @@ def step_graph(graph_def, fetches: Sequence[str] = ()) -> StepGraph:
             flops = tf_ops.get_stats_for_node_def(graph, node_def, "flops").value or 0
         except (ValueError, TypeError, tf.errors.OpError):
             flops = 0
-        nodes.append(Node(name, node_def.op, devices.index(node_def.device),
+        nodes.append(Node(name, node_def.op, devices[node_def.device],
                           family(node_def.op), float(size), float(flops)))
         mine = []
         for text in node_def.input:
