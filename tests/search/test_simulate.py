@@ -70,3 +70,37 @@ def test_alternatives_that_do_not_fit_cannot_run():
         dp_persistent=dp.memory.persistent_bytes, placement=placement)}
     assert all(a.samples_per_second for a in roomy.values())
     assert roomy["Swap"].samples_per_second == pytest.approx(roomy["Ideal"].samples_per_second)
+
+
+def test_strided_gradients_count_only_the_taps_that_hit():
+    """The input gradient of a strided conv gates its terms by stride: the kernel skips the
+    zero terms, so its FLOPs equal the forward conv's and the filter gradient's."""
+    x, w = tf.TensorSpec([2, 16, 16, 8]), tf.TensorSpec([3, 3, 8, 4])
+
+    def step(x, w):
+        with tf.GradientTape() as tape:
+            tape.watch([x, w])
+            loss = tf.reduce_sum(tf.nn.conv2d(x, w, strides=2, padding="SAME") ** 2)
+        return tape.gradient(loss, [x, w])
+
+    _, entries = _entries(step, x, w)
+    flops = {e.op.type: op_flops(e.semantics) for e in entries.values()
+             if e.op.type.startswith("Conv2D")}
+    assert flops == {t: 2 * (2 * 8 * 8 * 4) * (3 * 3 * 8) for t in
+                     ("Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter")}
+
+
+def test_the_h200_profile_is_the_measured_one():
+    """PROFILES['h200_8'] holds what bench/gpu_kernels.py measured and bench/gpu_ops.py
+    fitted on one H200 (bench/results), not figures typed in by hand."""
+    import json
+    from pathlib import Path
+    results = Path(__file__).parents[2] / "bench" / "results"
+    measured = json.loads((results / "gpu_kernels.json").read_text())["profile"]
+    fitted = json.loads((results / "gpu_ops.json").read_text())["profile"]
+    profile = PROFILES["h200_8"]
+    assert profile.peak_flops == pytest.approx(measured["peak_flops"], rel=0.005)
+    assert profile.host_bandwidth == pytest.approx(measured["host_bandwidth"], rel=0.01)
+    assert profile.efficiency == pytest.approx(fitted["efficiency"], abs=0.005)
+    assert profile.op_overhead == pytest.approx(fitted["op_overhead"], abs=0.05e-6)
+    assert profile.memory_bandwidth == pytest.approx(fitted["memory_bandwidth"], rel=0.005)
