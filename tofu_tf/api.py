@@ -29,6 +29,7 @@ does the reverse, after the original variables were changed or restored.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
@@ -41,6 +42,7 @@ from tofu_tf.errors import KeptWholeWarning, KernelConfigError, TofuError
 from tofu_tf.graph import Graph
 from tofu_tf.op_semantics.catalog import catalog, missing_types
 from tofu_tf.options import Options
+from tofu_tf.recompute import recompute
 from tofu_tf.rewrite.emit import Shard, cpu_devices, emit, partition_of, uses_v2
 from tofu_tf.importer.graphdef_io import (ImportedGraph, import_concrete_function,
                                          import_graph_def)
@@ -123,9 +125,14 @@ def optimize_imported(imported: ImportedGraph, topology: Topology, *,
     check_fits(imported.graph, topology)
     entries = catalog(imported.graph, strict=options.strict)
     _warn_kept_whole(entries)
-    if plan is None:
+    given = plan is not None
+    if not given:
         plan = make_plan(imported.graph, topology, options=options)
-    else:
+    if plan.recompute:               # the plan partitions the step with its copies
+        imported = dataclasses.replace(imported,
+                                       graph=recompute(imported.graph, plan.recompute))
+        entries = catalog(imported.graph, strict=options.strict)
+    if given:
         check_plan(plan, imported.graph, topology, entries)
     plan, parts = predict(plan, imported, entries, options=options, devices=devices,
                           expose=expose)

@@ -46,6 +46,15 @@ class Objective(enum.Enum):
     TIME = "time"                # transfer seconds: each level's bytes over its links (α-β)
 
 
+class Recompute(enum.Enum):
+    """Which forward ops run again in the backward pass instead of keeping their results
+    (tofu_tf/recompute.py says what each policy picks)."""
+    NONE = "none"
+    CHEAP = "cheap"              # ops without reductions: element-wise, normalisations
+    SEGMENTS = "segments"        # all but every sqrt(n)-th contraction's result
+    AUTO = "auto"                # the first of NONE, CHEAP, SEGMENTS whose plan fits the budget
+
+
 @dataclass(frozen=True)
 class Options:
     # How variables may be stored; AUTO doubles the search time and never loses bytes.
@@ -91,3 +100,5 @@ class Options:
     # Partition for CPU devices even when TensorFlow's oneDNN kernels are on, which give
     # some local shapes wrong numbers (api.check_kernels); off: a KernelConfigError.
     allow_onednn: bool = False
+    # Forward ops recomputed in the backward pass (AUTO needs a memory budget).
+    recompute: Recompute = Recompute.NONE

@@ -176,7 +176,7 @@ class _Emitter:
     # -- ops -------------------------------------------------------------------------------
     def _emit_op(self, op) -> None:
         pieces = self.parts.ops[op.name]
-        node = self.nodes[op.name]
+        node = self.nodes[op.recomputes or op.name]      # a recomputed copy: the original's
         emitted = [self._emit_piece(op, node, piece) for piece in pieces]
         for name, piece in zip(emitted, pieces):
             if name is not None:
@@ -574,7 +574,7 @@ def _result_shapes(graph: Graph, nodes, handles, op_name: str, local, in_shapes)
                     inputs.append(tf.constant(graph.constants[t], dtype))
                 else:
                     inputs.append(tf.compat.v1.placeholder(dtype, in_shapes[i]))
-            attrs = _local_attrs(op, nodes[op_name], local.attrs)
+            attrs = _local_attrs(op, nodes[op.recomputes or op_name], local.attrs)
             created = scratch._create_op_internal(local.op_type, inputs, attrs=attrs)
         shapes = [tuple(t.shape.as_list()) if t.shape.is_fully_defined() else None
                   for t in created.outputs]

@@ -20,7 +20,7 @@ from absl import logging
 from tofu_tf._gc import paused_gc
 from tofu_tf.errors import PlanInfeasibleError, TofuError
 from tofu_tf.graph import Graph
-from tofu_tf.options import Options
+from tofu_tf.options import Options, Recompute
 from tofu_tf.search.memory import single_device_peak
 from tofu_tf.search.problem import SearchCache
 from tofu_tf.search.recursive import SearchResult, deadline_of, search
@@ -77,6 +77,9 @@ class Plan:
     # at), priced from the per-device regions (rewrite/pricing.py); () until priced. The
     # levels' `bytes` above are the search's model: each level's cut inside its groups.
     predicted_per_level: tuple[int, ...] = ()
+    # Forward ops run again in the backward pass (tofu_tf.recompute): the plan partitions
+    # `recompute(graph, plan.recompute)`, whose copies it names.
+    recompute: tuple[str, ...] = ()
 
     @property
     def num_devices(self) -> int:
@@ -163,6 +166,7 @@ class Plan:
         topology = tuple(tuple(level) for level in data.pop("topology"))
         peaks = tuple(data.pop("per_device_peak_bytes", ()))
         data["predicted_per_level"] = tuple(data.get("predicted_per_level", ()))
+        data["recompute"] = tuple(data.get("recompute", ()))
         data.setdefault("search_seconds", 0.0)
         return Plan(topology=topology, levels=levels, per_device_peak_bytes=peaks, **data)
 
@@ -294,6 +298,8 @@ def make_plan(graph: Graph, topology: Topology | None = None, *, num_devices: in
 
 
 def _make_plan(graph: Graph, topology: Topology, options: Options) -> Plan:
+    if options.recompute is not Recompute.NONE:
+        return _recomputing_plan(graph, topology, options)
     start = time.perf_counter()
     if options.memory_budget_bytes is None:
         result = search(graph, topology, options=options)
@@ -301,3 +307,48 @@ def _make_plan(graph: Graph, topology: Topology, options: Options) -> Plan:
         result = search_within_budget(graph, topology, options)
     plan = plan_from_search(result, graph)
     return dataclasses.replace(plan, search_seconds=time.perf_counter() - start)
+
+
+def _recomputing_plan(graph: Graph, topology: Topology, options: Options) -> Plan:
+    """The plan of `graph` with `options.recompute`'s ops recomputed (`Plan.recompute`;
+    `recompute.recompute(graph, plan.recompute)` is the graph it partitions). AUTO: the
+    first policy of NONE, CHEAP, SEGMENTS (least recomputation first) whose plan fits the
+    budget; none fitting, the error names the smallest peak any of them reached."""
+    from tofu_tf.op_semantics.catalog import catalog
+    from tofu_tf.recompute import candidates, recompute
+    start = time.perf_counter()
+    policies = [options.recompute]
+    if options.recompute is Recompute.AUTO:
+        if options.memory_budget_bytes is None:
+            raise TofuError("recompute=auto chooses by the memory budget, and none is set.",
+                            fix="set Options.memory_budget_bytes, or name a policy.")
+        policies = [Recompute.NONE, Recompute.CHEAP, Recompute.SEGMENTS]
+    entries = catalog(graph)
+    failures: list[tuple[PlanInfeasibleError, frozenset[str]]] = []
+    for policy in policies:
+        ops = candidates(graph, entries, policy)
+        recomputed = recompute(graph, ops)
+        try:
+            plan = _make_plan(recomputed, topology,
+                              dataclasses.replace(options, recompute=Recompute.NONE))
+        except PlanInfeasibleError as e:
+            if e.best_peak_bytes is None:           # not a budget (a time limit): say so
+                raise
+            failures.append((e, ops))
+            logging.info("recompute %s: %s", policy.value, e)
+            continue
+        return dataclasses.replace(plan, recompute=tuple(sorted(ops)),
+                                   search_seconds=time.perf_counter() - start)
+    best, ops = min(failures, key=lambda f: f[0].best_peak_bytes)
+    if best.best_plan is not None:
+        best.best_plan = dataclasses.replace(best.best_plan, recompute=tuple(sorted(ops)))
+    if len(failures) == 1:
+        raise best
+    raise PlanInfeasibleError(
+        f"no plan over {topology.num_devices} devices fits a memory budget of "
+        f"{human_bytes(options.memory_budget_bytes)} per device, with or without "
+        f"recomputation: the smallest estimated peak found is "
+        f"{human_bytes(best.best_peak_bytes)} (error.best_plan).",
+        best_peak_bytes=best.best_peak_bytes, best_plan=best.best_plan,
+        fix=f"raise the budget to at least {best.best_peak_bytes} bytes, use more devices, "
+            "or a smaller batch.")
