@@ -1,11 +1,11 @@
-"""The paper's evaluation, simulated: tofu against the alternatives on two 8-device boxes.
+"""The paper's evaluation, simulated: tofu against the alternatives on three 8-device boxes.
 
     python bench/paper.py                              # every config, both profiles
     python bench/paper.py --only=wresnet-50-w4 --profiles=h100_8
 
 For WResNet 50/101/152 x widen 4/6/8/10 and LSTM 4/6/8/10 layers x hidden 4096-10240
-(batch 8, bench/common.py) on the paper-era 8-GPU PCIe box and on 8 x H100
-(search/simulate.py profiles), the predicted throughput (samples/s) of
+(batch 8, bench/common.py) on the paper-era 8-GPU PCIe box, on 8 x H100 and on 8 x H200
+(search/simulate.py profiles; the H200's measured by bench/gpu_kernels.py and gpu_ops.py), the predicted throughput (samples/s) of
 - tofu: the least-communication plan whose estimated peak fits the device (a budget of
   the device's memory; none: out of memory);
 - Ideal, SmallBatch, Swap, OpPlacement (search/simulate.py states each model).
@@ -29,7 +29,8 @@ from common import (RESULTS, configurations, load, read_results,  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("only", "", "comma-separated configuration names (default: all)")
-flags.DEFINE_string("profiles", "paper_pcie_8gpu,h100_8", "comma-separated device profiles")
+flags.DEFINE_string("profiles", "paper_pcie_8gpu,h100_8,h200_8",
+                    "comma-separated device profiles")
 flags.DEFINE_bool("fresh", False, "start from empty results instead of merging")
 flags.DEFINE_bool("plot_only", False, "redraw the plots and rewrite paper.md from the stored "
                   "results (error bands from the latest bench/results/simulate.json)")
@@ -79,15 +80,23 @@ def run_config(graph, batch: int, profile) -> dict:
     return row
 
 
-def error_band() -> float | None:
-    """The plan simulator's median relative error on partitioned steps, as bench/simulate.py
-    last measured it on this CPU (None: not measured)."""
+def error_band(profile: str) -> tuple[float | None, str]:
+    """(the plan simulator's median relative error, where it was measured): on `h200_8`,
+    its kernel law against one H200's matrix products and convolutions on held-out configs
+    (bench/gpu_ops.py); elsewhere, its error on partitioned steps on this CPU
+    (bench/simulate.py); None where neither was measured."""
+    import json
+    if profile == "h200_8" and (RESULTS / "gpu_ops.json").exists():
+        held = json.loads((RESULTS / "gpu_ops.json").read_text())["held_out"]
+        return held["step_median"], ("bench/results/gpu_ops.md: the kernel law on one H200, "
+                                     "held-out configs; transfers not measured")
     path = RESULTS / "simulate.json"
     if not path.exists():
-        return None
-    import json
+        return None, ""
     plan = json.loads(path.read_text()).get("plan") or {}
-    return (plan.get("errors") or {}).get("partitioned", {}).get("median")
+    return ((plan.get("errors") or {}).get("partitioned", {}).get("median"),
+            "bench/results/simulate.md: partitioned steps on this CPU; not measured on these "
+            "GPUs")
 
 
 def banded(ratio: float, error: float | None) -> str:
@@ -100,18 +109,18 @@ def banded(ratio: float, error: float | None) -> str:
 
 
 def table(stored: dict) -> str:
-    error = error_band()
     lines = ["# The paper's evaluation, simulated (8 devices, batch 8)", "",
              f"Command: `{stored.get('command', '')}`  ", f"Machine: {stored.get('machine')}",
              "", "Predicted samples/s; OOM: the system cannot run the config on that device "
              "(its estimated peak exceeds the device's memory). Speedup: tofu over the "
              "fastest alternative that runs; in brackets the band that the simulator's "
-             "median error on partitioned steps allows (each of the two predictions off by "
-             + (f"{error:.0%}" if error is not None else "an unmeasured amount")
-             + ", as bench/results/simulate.md measured it on this CPU; it has not been "
-             "measured on these GPUs).", ""]
+             "median error allows (each of the two predictions off by that much; each "
+             "profile names where its error was measured).", ""]
     for profile, rows in sorted(stored.get("profiles", {}).items()):
-        lines += [f"## {profile}", "", "| config | " + " | ".join(SYSTEMS) +
+        error, source = error_band(profile)
+        lines += [f"## {profile}", "", "Error band: " + (f"{error:.0%} ({source})."
+                                                         if error is not None else "none."), "",
+                  "| config | " + " | ".join(SYSTEMS) +
                   " | tofu vs best runnable alternative |",
                   "|---|" + "---:|" * (len(SYSTEMS) + 1)]
         speedups, cannot = [], {name: 0 for name in SYSTEMS}
