@@ -42,7 +42,6 @@ from tofu_tf.errors import KeptWholeWarning, KernelConfigError, TofuError
 from tofu_tf.graph import Graph
 from tofu_tf.op_semantics.catalog import catalog, missing_types
 from tofu_tf.options import Options
-from tofu_tf.recompute import recompute
 from tofu_tf.rewrite.emit import Shard, cpu_devices, emit, partition_of, uses_v2
 from tofu_tf.importer.graphdef_io import (ImportedGraph, import_concrete_function,
                                          import_graph_def)
@@ -50,7 +49,7 @@ from tofu_tf.rewrite.ledger import Ledger
 from tofu_tf.rewrite.pricing import predict_bytes
 from tofu_tf.rewrite.verify import verify
 from tofu_tf.runtime.session import Runner
-from tofu_tf.search.plan import Plan, make_plan
+from tofu_tf.search.plan import Plan, make_plan, step_graph
 from tofu_tf.search.reuse import check_plan
 from tofu_tf.search.topology import Topology, check_fits
 
@@ -128,9 +127,8 @@ def optimize_imported(imported: ImportedGraph, topology: Topology, *,
     given = plan is not None
     if not given:
         plan = make_plan(imported.graph, topology, options=options)
-    if plan.recompute:               # the plan partitions the step with its copies
-        imported = dataclasses.replace(imported,
-                                       graph=recompute(imported.graph, plan.recompute))
+    if plan.early_updates or plan.recompute:      # the step the plan partitions
+        imported = dataclasses.replace(imported, graph=step_graph(imported.graph, plan))
         entries = catalog(imported.graph, strict=options.strict)
     if given:
         check_plan(plan, imported.graph, topology, entries)

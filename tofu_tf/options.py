@@ -52,7 +52,7 @@ class Recompute(enum.Enum):
     NONE = "none"
     CHEAP = "cheap"              # ops without reductions: element-wise, normalisations
     SEGMENTS = "segments"        # all but every sqrt(n)-th contraction's result
-    AUTO = "auto"                # the first of NONE, CHEAP, SEGMENTS whose plan fits the budget
+    AUTO = "auto"                # the first mix that fits the budget (search/plan.py)
 
 
 @dataclass(frozen=True)
@@ -100,5 +100,9 @@ class Options:
     # Partition for CPU devices even when TensorFlow's oneDNN kernels are on, which give
     # some local shapes wrong numbers (api.check_kernels); off: a KernelConfigError.
     allow_onednn: bool = False
-    # Forward ops recomputed in the backward pass (AUTO needs a memory budget).
+    # Forward ops recomputed in the backward pass (AUTO needs a memory budget, and may
+    # also move the updates early).
     recompute: Recompute = Recompute.NONE
+    # Run each optimizer update as soon as its gradient is complete (tofu_tf/reorder.py),
+    # so that the weight gradients do not all wait for the end of the backward pass.
+    early_updates: bool = False

@@ -50,3 +50,20 @@ def test_dropout_masks_are_drawn_once_with_recomputation():
     with Runner(optimized, initial) as runner:
         got = [runner.run(b)[0] for b in batches]
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+
+
+EARLY = [("mlp", "adam", Recompute.NONE, {"num_devices": 4}),
+         ("wresnet", "momentum", Recompute.CHEAP, {"num_devices": 8}),
+         ("lstm", "adam", Recompute.NONE, {"topology": "2x4"}),
+         ("transformer", "adam", Recompute.SEGMENTS, {"num_devices": 8})]
+
+
+@pytest.mark.parametrize("model,optimizer,policy,devices", EARLY, ids=[
+    f"{m}-{o}-{p.value}-{next(iter(d.values()))}" for m, o, p, d in EARLY])
+def test_early_updates_equal_the_unpartitioned_step(model, optimizer, policy, devices):
+    """Updates moved up to where their gradients are complete (Adam's slots, step count
+    and bias corrections, batch norm's moving averages included)."""
+    optimized = compare(model, optimizer, dtype="float64",
+                        options=Options(early_updates=True, recompute=policy), **devices)
+    assert optimized.plan.early_updates
+    assert optimized.ledger.step_bytes == optimized.plan.predicted_bytes

@@ -77,8 +77,9 @@ class Plan:
     # at), priced from the per-device regions (rewrite/pricing.py); () until priced. The
     # levels' `bytes` above are the search's model: each level's cut inside its groups.
     predicted_per_level: tuple[int, ...] = ()
-    # Forward ops run again in the backward pass (tofu_tf.recompute): the plan partitions
-    # `recompute(graph, plan.recompute)`, whose copies it names.
+    # What the plan partitions is `step_graph(graph, plan)`: the step with its updates
+    # moved early (tofu_tf.reorder) and these forward ops recomputed (tofu_tf.recompute).
+    early_updates: bool = False
     recompute: tuple[str, ...] = ()
 
     @property
@@ -298,8 +299,8 @@ def make_plan(graph: Graph, topology: Topology | None = None, *, num_devices: in
 
 
 def _make_plan(graph: Graph, topology: Topology, options: Options) -> Plan:
-    if options.recompute is not Recompute.NONE:
-        return _recomputing_plan(graph, topology, options)
+    if options.recompute is not Recompute.NONE or options.early_updates:
+        return _transformed_plan(graph, topology, options)
     start = time.perf_counter()
     if options.memory_budget_bytes is None:
         result = search(graph, topology, options=options)
@@ -309,39 +310,54 @@ def _make_plan(graph: Graph, topology: Topology, options: Options) -> Plan:
     return dataclasses.replace(plan, search_seconds=time.perf_counter() - start)
 
 
-def _recomputing_plan(graph: Graph, topology: Topology, options: Options) -> Plan:
-    """The plan of `graph` with `options.recompute`'s ops recomputed (`Plan.recompute`;
-    `recompute.recompute(graph, plan.recompute)` is the graph it partitions). AUTO: the
-    first policy of NONE, CHEAP, SEGMENTS (least recomputation first) whose plan fits the
-    budget; none fitting, the error names the smallest peak any of them reached."""
+def step_graph(graph: Graph, plan: Plan) -> Graph:
+    """The graph `plan` partitions: `graph` with the plan's early updates
+    (reorder.updates_early) and recomputed ops (recompute.recompute), in that order."""
+    from tofu_tf.recompute import recompute
+    from tofu_tf.reorder import updates_early
+    if plan.early_updates:
+        graph = updates_early(graph)
+    return recompute(graph, plan.recompute) if plan.recompute else graph
+
+
+def _transformed_plan(graph: Graph, topology: Topology, options: Options) -> Plan:
+    """The plan of `graph` rewritten to hold less (`Plan.early_updates`, `Plan.recompute`;
+    `step_graph` rebuilds the graph it partitions). Recompute.AUTO: the first mix whose
+    plan fits the budget, least recomputation first: NONE, CHEAP, SEGMENTS, each with the
+    updates as given and then early (early updates can also raise the peak: an optimizer
+    whose math holds temporaries as large as the variable, run while the backward pass
+    holds its activations); none fitting, the error names the smallest peak any reached."""
     from tofu_tf.op_semantics.catalog import catalog
     from tofu_tf.recompute import candidates, recompute
+    from tofu_tf.reorder import updates_early
     start = time.perf_counter()
-    policies = [options.recompute]
+    mixes = [(options.early_updates, options.recompute)]
     if options.recompute is Recompute.AUTO:
         if options.memory_budget_bytes is None:
             raise TofuError("recompute=auto chooses by the memory budget, and none is set.",
                             fix="set Options.memory_budget_bytes, or name a policy.")
-        policies = [Recompute.NONE, Recompute.CHEAP, Recompute.SEGMENTS]
-    entries = catalog(graph)
-    failures: list[tuple[PlanInfeasibleError, frozenset[str]]] = []
-    for policy in policies:
-        ops = candidates(graph, entries, policy)
-        recomputed = recompute(graph, ops)
+        mixes = [(early, policy) for policy in (Recompute.NONE, Recompute.CHEAP,
+                                                Recompute.SEGMENTS)
+                 for early in dict.fromkeys((options.early_updates, True))]
+    plain = dataclasses.replace(options, recompute=Recompute.NONE, early_updates=False)
+    failures: list[tuple[PlanInfeasibleError, bool, frozenset[str]]] = []
+    for early, policy in mixes:
+        reordered = updates_early(graph) if early else graph
+        ops = candidates(reordered, catalog(reordered), policy)
         try:
-            plan = _make_plan(recomputed, topology,
-                              dataclasses.replace(options, recompute=Recompute.NONE))
+            plan = _make_plan(recompute(reordered, ops), topology, plain)
         except PlanInfeasibleError as e:
             if e.best_peak_bytes is None:           # not a budget (a time limit): say so
                 raise
-            failures.append((e, ops))
-            logging.info("recompute %s: %s", policy.value, e)
+            failures.append((e, early, ops))
+            logging.info("updates early %s, recompute %s: %s", early, policy.value, e)
             continue
-        return dataclasses.replace(plan, recompute=tuple(sorted(ops)),
+        return dataclasses.replace(plan, early_updates=early, recompute=tuple(sorted(ops)),
                                    search_seconds=time.perf_counter() - start)
-    best, ops = min(failures, key=lambda f: f[0].best_peak_bytes)
+    best, early, ops = min(failures, key=lambda f: f[0].best_peak_bytes)
     if best.best_plan is not None:
-        best.best_plan = dataclasses.replace(best.best_plan, recompute=tuple(sorted(ops)))
+        best.best_plan = dataclasses.replace(best.best_plan, early_updates=early,
+                                             recompute=tuple(sorted(ops)))
     if len(failures) == 1:
         raise best
     raise PlanInfeasibleError(

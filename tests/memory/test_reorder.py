@@ -1,0 +1,58 @@
+"""Updates as early as they may run (tofu_tf/reorder.py): the order, and the peak."""
+
+from __future__ import annotations
+
+import pytest
+
+from tofu_tf.graph import Role, split_tensor_name
+from tofu_tf.importer.graphdef_io import import_graph_def
+from tofu_tf.liveness import ALIASING
+from tofu_tf.models import build
+from tofu_tf.reorder import updates_early
+from tofu_tf.search.memory import single_device_peak
+
+
+def _graph(model, optimizer, **sizes):
+    step = build(model, optimizer=optimizer, graph_only=True, batch_size=8, **sizes)
+    return import_graph_def(step.graph_def, step.fetches).graph
+
+
+@pytest.mark.parametrize("model,optimizer", [("mlp", "sgd"), ("wresnet", "momentum"),
+                                             ("transformer", "adam")])
+def test_each_variable_is_read_and_written_in_the_same_order(model, optimizer):
+    graph = _graph(model, optimizer)
+    early = updates_early(graph)
+    assert sorted(op.name for op in early) == sorted(op.name for op in graph)
+    before, after = ({op.name: i for i, op in enumerate(g)} for g in (graph, early))
+    for variable in graph.variables.values():
+        on = [op.name for op in graph if variable.handle in op.inputs]
+        assert sorted(on, key=after.get) == on, variable.name       # same order on it
+        for update in variable.update_ops:
+            for read in variable.read_ops:
+                if before[read] < before[update]:              # its values' readers first
+                    stack = list(graph.op(read).outputs)
+                    while stack:
+                        for reader in graph.consumers(stack.pop()):
+                            assert after[reader.name] < after[update], (reader.name, update)
+                            if reader.type in ALIASING:
+                                stack.extend(reader.outputs)
+    # every other op keeps its relative order
+    rest = [op.name for op in graph if op.role not in (Role.UPDATE, Role.CONSTANT)]
+    assert sorted(rest, key=after.get) == rest
+    # and the updates did move: the last layer's is done before the first layer's gradient
+    updates = [op for op in early if op.role is Role.UPDATE and op.name in {
+        u for v in graph.variables.values() for u in v.update_ops}]
+    gradients = {split_tensor_name(t)[0] for op in updates for t in op.inputs}
+    assert after[updates[0].name] < max(after[g] for g in gradients if g in after)
+
+
+def test_the_weight_gradients_no_longer_wait_for_the_end():
+    """WResNet-152 widen 10 at batch 8 (a paper config): on one device most of the
+    transient peak is weight gradients waiting for the optimizer; updated early, they
+    die as they come (27.2 -> 14.0 GiB estimated)."""
+    step = build("wresnet", optimizer="sgd", graph_only=True, initializers=False, depth=152,
+                 widen=10, base_width=64, image_size=224, num_classes=1000, batch_size=8)
+    graph = import_graph_def(step.graph_def, step.fetches).graph
+    plain, early = (single_device_peak(g) for g in (graph, updates_early(graph)))
+    assert early.persistent_bytes == plain.persistent_bytes
+    assert early.transient_peak_bytes < 0.6 * plain.transient_peak_bytes
