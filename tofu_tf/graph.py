@@ -10,8 +10,9 @@ Names follow TensorFlow: an op is named by its node name, a tensor by "node:inde
 Relations recorded for coarsening:
 - `Op.role`: what part of the training step the op belongs to.
 - `Op.forward_op`: for a gradient op, the forward op it differentiates (or None).
-- `Op.recomputes`: for a forward op run again in the backward pass (`tofu_tf.recompute`),
-  the op it copies.
+- `Op.copy_of`: for an op a rewrite of the step added (a forward op run again in the
+  backward pass, `tofu_tf.recompute`; a piece of a gradient sum, `tofu_tf.reorder`), the
+  op of the imported graph whose NodeDef it is written from, with its own attrs.
 - `Variable`: a trainable variable or optimizer slot with its read and update ops;
   `Variable.slot_of` names the variable an optimizer slot belongs to.
 """
@@ -109,7 +110,7 @@ class Op:
     device: str = ""
     role: Role = Role.FORWARD
     forward_op: str | None = None
-    recomputes: str | None = None   # a copy run again in the backward pass: the original
+    copy_of: str | None = None      # added by a rewrite: the imported op it is written from
 
     def attr(self, key: str, default: Any = None) -> Any:
         return self.attrs.get(key, default)

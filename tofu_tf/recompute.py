@@ -3,7 +3,7 @@ results. No TensorFlow.
 
 `recompute(graph, ops)` is the same training step in which the backward and update ops
 that read a result of one of `ops` read a copy of it instead: the op run again (its
-`Op.recomputes` names the original) from the tensors that are kept, just before its first
+`Op.copy_of` names the original) from the tensors that are kept, just before its first
 reader in the graph's order. The originals' results then die with their last forward
 reader. A copy whose inputs are all kept tensors waits (a control edge) for the backward
 op just before it, so that TensorFlow's executor, which runs whatever is ready, does not
@@ -73,7 +73,7 @@ def recompute(graph: Graph, ops: Collection[str]) -> Graph:
             op, name=name + SUFFIX, inputs=tuple(renamed.get(t, t) for t in op.inputs),
             outputs=tuple(f"{name}{SUFFIX}:{split_tensor_name(t)[1]}" for t in op.outputs),
             control_inputs=(trigger,) if trigger and not reads_copies else (),
-            recomputes=name)
+            copy_of=name)
         for old, t in zip(op.outputs, new.outputs):
             renamed[old] = t
             tensors[t] = dataclasses.replace(graph.tensor(old), name=t)

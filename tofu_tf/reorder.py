@@ -15,20 +15,23 @@ to the earliest point of the graph's order where it may run:
   updated under a live view, a copy this keeps from happening).
 
 Constants move too (a learning rate may be written after the backward pass); every other
-op keeps its place. The values are the same: each variable is read and written
+op keeps its place. First, each gradient sum of many terms becomes a running sum
+(`accumulated`), so that the terms die as they come too. The values are the same: each variable is read and written
 in the same order. Everything downstream (the search, the memory estimate, the emitter's
 sequential chain) follows the graph's order.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 
-from tofu_tf.graph import Graph, Role, split_tensor_name
+from tofu_tf.graph import Graph, Op, Role, split_tensor_name
 from tofu_tf.liveness import ALIASING
 
 
 def updates_early(graph: Graph) -> Graph:
+    graph = accumulated(graph)
     ops = graph.ops
     index = {op.name: i for i, op in enumerate(ops)}
     preds: list[set[int]] = [
@@ -81,3 +84,45 @@ def _readers(graph: Graph, read, index) -> set[int]:
             if consumer.type in ALIASING:
                 stack.extend(consumer.outputs)
     return out
+
+
+def accumulated(graph: Graph) -> Graph:
+    """`graph` with every gradient sum (an AddN of three or more terms after the forward
+    pass) made a chain of two-term sums, each placed just after the later of its terms:
+    a term is added as soon as it is computed (a weight shared over the 20 steps of an
+    LSTM has 20 weight-sized gradient terms; summed at the end, all 20 are alive at once).
+    The sum is the same up to the rounding of its order: the terms in the order they are
+    computed instead of the order the AddN lists them."""
+    ops = graph.ops
+    position = {op.name: i for i, op in enumerate(ops)}
+    first = next((i for i, op in enumerate(ops) if op.role is Role.BACKWARD), len(ops))
+    tensors = dict(graph.tensors)
+    after: dict[int, list[Op]] = {}            # position -> chain pieces placed after it
+    replaced: set[str] = set()
+    for op in ops[first:]:
+        if op.type != "AddN" or len(op.inputs) < 3:
+            continue
+        terms = sorted(op.inputs, key=lambda t: position[split_tensor_name(t)[0]])
+        acc, at = terms[0], position[split_tensor_name(terms[0])[0]]
+        for k, term in enumerate(terms[1:], start=1):
+            at = max(at, position[split_tensor_name(term)[0]])
+            last = k == len(terms) - 1
+            name = op.name if last else f"{op.name}/tofu_acc_{k}"
+            piece = dataclasses.replace(
+                op, name=name, inputs=(acc, term), outputs=(f"{name}:0",),
+                attrs={**op.attrs, "N": 2}, control_inputs=op.control_inputs if last else (),
+                copy_of=op.name)
+            tensors[piece.outputs[0]] = dataclasses.replace(graph.tensor(op.outputs[0]),
+                                                            name=piece.outputs[0])
+            after.setdefault(position[op.name] if last else at, []).append(piece)
+            acc = piece.outputs[0]
+        replaced.add(op.name)
+    if not replaced:
+        return graph
+    order = []
+    for i, op in enumerate(ops):
+        if op.name not in replaced:
+            order.append(op)
+        order.extend(after.get(i, ()))
+    return Graph(order, tensors.values(), fetches=graph.fetches,
+                 variables=graph.variables.values(), constants=graph.constants)

@@ -35,8 +35,8 @@ def test_backward_readers_read_copies_that_run_late(transformer, policy):
     ops = candidates(graph, catalog(graph), policy)
     assert ops
     rewritten = recompute(graph, ops)
-    copies = [op for op in rewritten if op.recomputes]
-    assert {op.recomputes for op in copies} <= ops
+    copies = [op for op in rewritten if op.copy_of]
+    assert {op.copy_of for op in copies} <= ops
     position = {op.name: i for i, op in enumerate(rewritten)}
     backward = forward_end(rewritten)
     assert backward == forward_end(graph) + sum(
@@ -46,18 +46,18 @@ def test_backward_readers_read_copies_that_run_late(transformer, policy):
         producers = {split_tensor_name(t)[0] for t in op.inputs}
         if i >= backward and op.role in (Role.BACKWARD, Role.UPDATE):
             assert not producers & ops, f"{op.name} still reads an original"
-        elif op.recomputes is None:                       # the forward pass is untouched
+        elif op.copy_of is None:                       # the forward pass is untouched
             assert op.inputs == graph.op(op.name).inputs
     for copy in copies:
-        original = graph.op(copy.recomputes)
+        original = graph.op(copy.copy_of)
         assert copy.type == original.type and copy.attrs == original.attrs
         assert [rewritten.tensor(t).shape for t in copy.outputs] == \
             [graph.tensor(t).shape for t in original.outputs]
         readers = [r for t in copy.outputs for r in rewritten.consumers(t)]
-        assert readers and all(r.role is not Role.FORWARD or r.recomputes for r in readers)
+        assert readers and all(r.role is not Role.FORWARD or r.copy_of for r in readers)
         # it runs after the forward pass: behind a backward op, or reading another copy
         assert copy.control_inputs or any(
-            rewritten.producer(t).recomputes for t in copy.inputs), copy.name
+            rewritten.producer(t).copy_of for t in copy.inputs), copy.name
         for c in copy.control_inputs:
             assert rewritten.op(c).role is Role.BACKWARD and position[c] < position[copy.name]
 

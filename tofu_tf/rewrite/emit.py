@@ -176,7 +176,7 @@ class _Emitter:
     # -- ops -------------------------------------------------------------------------------
     def _emit_op(self, op) -> None:
         pieces = self.parts.ops[op.name]
-        node = self.nodes[op.recomputes or op.name]      # a recomputed copy: the original's
+        node = self.nodes[op.copy_of or op.name]         # an added op: its original's
         emitted = [self._emit_piece(op, node, piece) for piece in pieces]
         for name, piece in zip(emitted, pieces):
             if name is not None:
@@ -574,7 +574,7 @@ def _result_shapes(graph: Graph, nodes, handles, op_name: str, local, in_shapes)
                     inputs.append(tf.constant(graph.constants[t], dtype))
                 else:
                     inputs.append(tf.compat.v1.placeholder(dtype, in_shapes[i]))
-            attrs = _local_attrs(op, nodes[op.recomputes or op_name], local.attrs)
+            attrs = _local_attrs(op, nodes[op.copy_of or op_name], local.attrs)
             created = scratch._create_op_internal(local.op_type, inputs, attrs=attrs)
         shapes = [tuple(t.shape.as_list()) if t.shape.is_fully_defined() else None
                   for t in created.outputs]
@@ -590,10 +590,11 @@ _PLAIN = frozenset({int, float, bool, str, bytes})      # attr values compared w
 
 
 def _local_attrs(op, node, local_attrs) -> dict:
-    """The node's AttrValues with the local op's changed attrs applied."""
+    """The node's AttrValues with the local op's changed attrs applied (all of them for an
+    op written from another's node: its attrs may differ from that node's)."""
     attrs = {key: value for key, value in node.attr.items() if not key.startswith("_")}
     for key, value in local_attrs.items():
-        if key in op.attrs and _equal(op.attrs.get(key), value):
+        if not op.copy_of and key in op.attrs and _equal(op.attrs.get(key), value):
             continue
         attrs[key] = to_attr_value(node.attr[key] if key in node.attr else None, value)
     return attrs
