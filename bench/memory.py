@@ -14,13 +14,15 @@ records on the tiny models), in bytes per device:
   slots replicated), tofu's least-communication plan, the least-communication plan within a
   budget of `--budget_ratio` x the ideal share, and the smallest peak the search reaches.
 - largest: the largest WResNet-152 widen factor and LSTM-10 hidden size whose peak fits
-  12 GiB and 16 GiB per device on 1 device, with data parallelism on 8, and with tofu on 8
-  (the smallest peak its search reaches).
+  12 GiB and 16 GiB per device on 1 device, with data parallelism on 8, with tofu on 8
+  (the smallest peak its search reaches), and with tofu on 8 over the step rewritten to
+  hold less (updates early, CHEAP recomputation), with the parameters at each size.
 Results go to bench/results/memory.{json,md} and memory.png.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -40,6 +42,7 @@ flags.DEFINE_float("budget_ratio", 1.15, "the budget, as a multiple of single / 
 flags.DEFINE_bool("fresh", False, "start from empty results instead of merging")
 
 GIB = 2 ** 30
+MODES = ("single", "data_parallel", "tofu_min", "tofu_min_rewritten")
 BUDGETS = {"12GiB": 12 * GIB, "16GiB": 16 * GIB}
 # (model, sizes but the varied one, varied size, candidate values in increasing order)
 LARGEST = {
@@ -53,17 +56,30 @@ LARGEST = {
 
 
 def peaks(graph, devices: int) -> dict:
-    """Per-device peak bytes: one device; data parallelism; tofu's plan; its minimum."""
+    """Per-device peak bytes: one device; data parallelism; tofu's plan; its minimum; its
+    minimum with the step rewritten to hold less (updates early, and also CHEAP
+    recomputation: search/plan.step_graph); and the trainable parameters."""
+    from tofu_tf.op_semantics.catalog import catalog
+    from tofu_tf.options import Recompute
+    from tofu_tf.recompute import candidates, recompute
+    from tofu_tf.reorder import updates_early
     from tofu_tf.search.baselines import data_parallel
     from tofu_tf.search.memory import single_device_peak
     from tofu_tf.search.plan import MAX_MEMORY_WEIGHT
     from tofu_tf.search.recursive import search
     from tofu_tf.search.topology import Topology
     topology = Topology.default(devices)
+
+    def smallest(g) -> int:
+        return search(g, topology, memory_weight=MAX_MEMORY_WEIGHT).memory.peak_bytes
+    early = updates_early(graph)
     return {"single": single_device_peak(graph).peak_bytes,
             "data_parallel": data_parallel(graph, topology).memory.peak_bytes,
-            "tofu_min": search(graph, topology,
-                               memory_weight=MAX_MEMORY_WEIGHT).memory.peak_bytes}
+            "tofu_min": smallest(graph),
+            "tofu_min_rewritten": min(smallest(early), smallest(recompute(
+                early, candidates(early, catalog(early), Recompute.CHEAP)))),
+            "parameters": sum(math.prod(v.shape) for v in graph.variables.values()
+                              if v.trainable and v.slot_of is None)}
 
 
 def run_config(graph, devices: int, budget_ratio: float) -> dict:
@@ -95,7 +111,7 @@ def largest(stored: dict, devices: int) -> dict:
         cache = stored.setdefault("largest_peaks", {}).setdefault(name, {})
 
         def evaluate(value: int) -> dict:
-            if str(value) not in cache:
+            if not set(MODES + ("parameters",)) <= set(cache.get(str(value), ())):
                 graph, _ = load(model, {**sizes, varied: value})
                 cache[str(value)] = peaks(graph, devices)
                 print(f"  {name} {varied}={value}: " + ", ".join(
@@ -105,9 +121,11 @@ def largest(stored: dict, devices: int) -> dict:
             return cache[str(value)]
 
         for budget_name, budget in BUDGETS.items():
-            for mode in ("single", "data_parallel", "tofu_min"):
+            for mode in MODES:
                 best = _largest_fitting(values, lambda v: evaluate(v)[mode] <= budget)
                 out.setdefault(name, {}).setdefault(budget_name, {})[mode] = best
+                if best:
+                    out[name][budget_name][mode + "_parameters"] = evaluate(best)["parameters"]
         out[name]["varied"] = varied
     return out
 
@@ -142,16 +160,26 @@ def table(stored: dict) -> str:
                      f"{row['budget'] / GIB:.2f} | {cell(row['tofu_min'])} |")
     if stored.get("largest"):
         lines += ["", "## Largest model that fits", "",
-                  "| model | budget | 1 device | data parallel, 8 | tofu, 8 | tofu / DP |",
-                  "|---|---|---:|---:|---:|---:|"]
+                  "tofu + rewrites: the step with its updates early (gradient sums running) "
+                  "and CHEAP recomputation where that holds less (search/plan.step_graph). "
+                  "Parameters: trainable, in millions.", "",
+                  "| model | budget | 1 device | data parallel, 8 | tofu, 8 | tofu / DP | "
+                  "tofu + rewrites, 8 | parameters, rewrites / tofu |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|"]
         for name, per_budget in stored["largest"].items():
             varied = per_budget["varied"]
             for budget_name in BUDGETS:
                 got = per_budget[budget_name]
                 ratio = (f"{got['tofu_min'] / got['data_parallel']:.2f}x"
                          if got["data_parallel"] else "DP: none fits")
+                rewritten = got.get("tofu_min_rewritten")
+                params = (f"{got['tofu_min_rewritten_parameters'] / 1e6:.0f}M / "
+                          f"{got['tofu_min_parameters'] / 1e6:.0f}M = "
+                          f"{got['tofu_min_rewritten_parameters'] / got['tofu_min_parameters']:.2f}x"
+                          if rewritten and got.get("tofu_min_parameters") else "—")
                 lines.append(f"| {name} ({varied}) | {budget_name} | {got['single']} | "
-                             f"{got['data_parallel']} | {got['tofu_min']} | {ratio} |")
+                             f"{got['data_parallel']} | {got['tofu_min']} | {ratio} | "
+                             f"{rewritten if rewritten is not None else '—'} | {params} |")
     return "\n".join(lines)
 
 

@@ -13,6 +13,14 @@ flags.DEFINE_string("topology", None, "levels outermost first, e.g. '2x4' or '2@
 flags.DEFINE_string("memory_budget", None,
                     "largest estimated peak per device, e.g. 12GiB: the least-communication "
                     "plan that fits, or an error naming the smallest peak reachable")
+flags.DEFINE_bool("recompute", False,
+                  "recompute forward ops in the backward pass (tofu_tf/recompute.py): with "
+                  "--memory_budget the search picks the mix that fits (updates early, CHEAP or "
+                  "SEGMENTS recomputation), without one CHEAP and early updates")
+flags.DEFINE_enum("recompute_policy", None, ["none", "cheap", "segments", "auto"],
+                  "a recomputation policy by name instead of --recompute's choice")
+flags.DEFINE_bool("early_updates", False, "run each update as soon as its gradient is "
+                  "complete, gradient sums as running sums (tofu_tf/reorder.py)")
 flags.DEFINE_string("plan_out", None, "write the full plan (Plan.to_json) here")
 flags.DEFINE_string("report", None, "write the plan as an HTML report here")
 # model sizes: only the flags given are passed on; the rest keep the model's defaults
@@ -43,10 +51,16 @@ def topology():
 
 
 def options(**overrides):
-    """Options from the flags (the memory budget), with `overrides`."""
-    from tofu_tf.options import Options, parse_bytes
+    """Options from the flags (the memory budget, the step rewrites), with `overrides`."""
+    from tofu_tf.options import Options, Recompute, parse_bytes
     budget = parse_bytes(FLAGS.memory_budget) if FLAGS.memory_budget else None
-    return Options(memory_budget_bytes=budget, **overrides)
+    policy, early = Recompute.NONE, FLAGS.early_updates
+    if FLAGS.recompute:
+        policy, early = (Recompute.AUTO, early) if budget else (Recompute.CHEAP, True)
+    if FLAGS.recompute_policy:
+        policy = Recompute(FLAGS.recompute_policy)
+    return Options(memory_budget_bytes=budget, recompute=policy, early_updates=early,
+                   **overrides)
 
 
 def write_plan(plan, title: str = "", baselines=None, profile=None) -> None:

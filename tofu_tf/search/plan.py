@@ -198,6 +198,11 @@ class Plan:
                          f"(one device, unpartitioned: {human_bytes(self.single_device_peak_bytes)}"
                          f"; ideal 1/{self.num_devices}: "
                          f"{human_bytes(self.single_device_peak_bytes / self.num_devices)})")
+        if self.early_updates or self.recompute:
+            lines.append("  step rewrites: " + "; ".join(
+                (["updates early, gradient sums running"] if self.early_updates else []) +
+                ([f"{len(self.recompute)} forward ops recomputed in the backward pass"]
+                 if self.recompute else [])))
         for i, level in enumerate(self.levels):
             lines.append(f"  level {i + 1}: {level.ways}-way cut x {level.groups} group(s): "
                          f"{human_bytes(level.total_bytes)}"
