@@ -47,6 +47,21 @@ def test_train_writes_a_profile_naming_every_devices_ops(tmp_path):
     assert "Step time per device" in page and all(f"CPU:{d}: busy" in page for d in range(4))
 
 
+def test_train_and_plan_with_recomputation(tmp_path):
+    plan_path = tmp_path / "plan.json"
+    run = _run("tofu_tf.train", "--model=transformer", "--num_devices=8", "--steps=2",
+               "--recompute", f"--plan_out={plan_path}")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "MATCH: 2 steps on 8 devices" in run.stdout
+    printed = run.stdout + run.stderr
+    assert "forward ops recomputed" in printed and "updates early" in printed
+    plan = json.loads(plan_path.read_text())
+    assert plan["recompute"] and plan["early_updates"]
+    run = _run("tofu_tf.plan", "--model=wresnet", "--memory_budget=1KiB", "--recompute")
+    assert run.returncode == 2 and "with or without recomputation" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
 def test_train_with_an_impossible_budget_exits_2_with_the_fix():
     run = _run("tofu_tf.train", "--model=mlp", "--num_devices=4", "--memory_budget=1KiB")
     assert run.returncode == 2, run.stderr[-3000:]
