@@ -46,8 +46,8 @@ def evaluate(graph, early: bool, policy: str, devices: int, profile) -> dict:
     """The mix's plans at every memory weight of WEIGHTS: (peak, bytes, predicted step)."""
     from tofu_tf.op_semantics.catalog import catalog
     from tofu_tf.options import Recompute
-    from tofu_tf.recompute import candidates, recompute
-    from tofu_tf.reorder import updates_early
+    from tofu_tf.search.recompute import candidates, recompute
+    from tofu_tf.search.reorder import updates_early
     from tofu_tf.search.problem import SearchCache
     from tofu_tf.search.recursive import search
     from tofu_tf.search.simulate import plan_step_time

@@ -61,8 +61,8 @@ def peaks(graph, devices: int) -> dict:
     recomputation: search/plan.step_graph); and the trainable parameters."""
     from tofu_tf.op_semantics.catalog import catalog
     from tofu_tf.options import Recompute
-    from tofu_tf.recompute import candidates, recompute
-    from tofu_tf.reorder import updates_early
+    from tofu_tf.search.recompute import candidates, recompute
+    from tofu_tf.search.reorder import updates_early
     from tofu_tf.search.baselines import data_parallel
     from tofu_tf.search.memory import single_device_peak
     from tofu_tf.search.plan import MAX_MEMORY_WEIGHT

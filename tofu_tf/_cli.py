@@ -14,13 +14,13 @@ flags.DEFINE_string("memory_budget", None,
                     "largest estimated peak per device, e.g. 12GiB: the least-communication "
                     "plan that fits, or an error naming the smallest peak reachable")
 flags.DEFINE_bool("recompute", False,
-                  "recompute forward ops in the backward pass (tofu_tf/recompute.py): with "
+                  "recompute forward ops in the backward pass (tofu_tf/search/recompute.py): with "
                   "--memory_budget the search picks the mix that fits (updates early, CHEAP or "
                   "SEGMENTS recomputation), without one CHEAP and early updates")
 flags.DEFINE_enum("recompute_policy", None, ["none", "cheap", "segments", "auto"],
                   "a recomputation policy by name instead of --recompute's choice")
 flags.DEFINE_bool("early_updates", False, "run each update as soon as its gradient is "
-                  "complete, gradient sums as running sums (tofu_tf/reorder.py)")
+                  "complete, gradient sums as running sums (tofu_tf/search/reorder.py)")
 flags.DEFINE_string("plan_out", None, "write the full plan (Plan.to_json) here")
 flags.DEFINE_string("report", None, "write the plan as an HTML report here")
 # model sizes: only the flags given are passed on; the rest keep the model's defaults

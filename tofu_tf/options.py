@@ -48,7 +48,7 @@ class Objective(enum.Enum):
 
 class Recompute(enum.Enum):
     """Which forward ops run again in the backward pass instead of keeping their results
-    (tofu_tf/recompute.py says what each policy picks)."""
+    (tofu_tf/search/recompute.py says what each policy picks)."""
     NONE = "none"
     CHEAP = "cheap"              # ops without reductions: element-wise, normalisations
     SEGMENTS = "segments"        # all but every sqrt(n)-th contraction's result
@@ -103,6 +103,6 @@ class Options:
     # Forward ops recomputed in the backward pass (AUTO needs a memory budget, and may
     # also move the updates early).
     recompute: Recompute = Recompute.NONE
-    # Run each optimizer update as soon as its gradient is complete (tofu_tf/reorder.py),
+    # Run each optimizer update as soon as its gradient is complete (tofu_tf/search/reorder.py),
     # so that the weight gradients do not all wait for the end of the backward pass.
     early_updates: bool = False

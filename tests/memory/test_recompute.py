@@ -12,7 +12,7 @@ from tofu_tf.importer.graphdef_io import import_graph_def
 from tofu_tf.models import build
 from tofu_tf.op_semantics.catalog import catalog
 from tofu_tf.options import Options, Recompute
-from tofu_tf.recompute import SUFFIX, candidates, draws_state, forward_end, recompute
+from tofu_tf.search.recompute import SUFFIX, candidates, draws_state, forward_end, recompute
 from tofu_tf.rewrite.memory import measure, persistent_bytes
 from tofu_tf.runtime.session import Runner, SingleDevice
 from tofu_tf.search.memory import single_device_peak

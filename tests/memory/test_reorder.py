@@ -1,4 +1,4 @@
-"""Updates as early as they may run (tofu_tf/reorder.py): the order, and the peak."""
+"""Updates as early as they may run (tofu_tf/search/reorder.py): the order, and the peak."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from tofu_tf.graph import Role, split_tensor_name
 from tofu_tf.importer.graphdef_io import import_graph_def
 from tofu_tf.liveness import ALIASING
 from tofu_tf.models import build
-from tofu_tf.reorder import updates_early
+from tofu_tf.search.reorder import updates_early
 from tofu_tf.search.memory import single_device_peak
 
 

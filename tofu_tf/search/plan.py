@@ -78,7 +78,7 @@ class Plan:
     # levels' `bytes` above are the search's model: each level's cut inside its groups.
     predicted_per_level: tuple[int, ...] = ()
     # What the plan partitions is `step_graph(graph, plan)`: the step with its updates
-    # moved early (tofu_tf.reorder) and these forward ops recomputed (tofu_tf.recompute).
+    # moved early (tofu_tf.search.reorder) and these forward ops recomputed (tofu_tf.search.recompute).
     early_updates: bool = False
     recompute: tuple[str, ...] = ()
 
@@ -318,8 +318,8 @@ def _make_plan(graph: Graph, topology: Topology, options: Options) -> Plan:
 def step_graph(graph: Graph, plan: Plan) -> Graph:
     """The graph `plan` partitions: `graph` with the plan's early updates
     (reorder.updates_early) and recomputed ops (recompute.recompute), in that order."""
-    from tofu_tf.recompute import recompute
-    from tofu_tf.reorder import updates_early
+    from tofu_tf.search.recompute import recompute
+    from tofu_tf.search.reorder import updates_early
     if plan.early_updates:
         graph = updates_early(graph)
     return recompute(graph, plan.recompute) if plan.recompute else graph
@@ -333,8 +333,8 @@ def _transformed_plan(graph: Graph, topology: Topology, options: Options) -> Pla
     whose math holds temporaries as large as the variable, run while the backward pass
     holds its activations); none fitting, the error names the smallest peak any reached."""
     from tofu_tf.op_semantics.catalog import catalog
-    from tofu_tf.recompute import candidates, recompute
-    from tofu_tf.reorder import updates_early
+    from tofu_tf.search.recompute import candidates, recompute
+    from tofu_tf.search.reorder import updates_early
     start = time.perf_counter()
     mixes = [(options.early_updates, options.recompute)]
     if options.recompute is Recompute.AUTO:

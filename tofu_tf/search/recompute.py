@@ -29,6 +29,7 @@ import math
 from typing import Collection, Mapping
 
 from tofu_tf.graph import Graph, Op, Role, split_tensor_name
+from tofu_tf.op_semantics.tdl import Reduce
 from tofu_tf.options import Recompute
 
 SUFFIX = "/tofu_recompute"
@@ -102,29 +103,26 @@ def _constants(graph: Graph, renamed: Mapping[str, str]) -> dict:
 
 def _contractions(graph: Graph, entries) -> list[str]:
     """Forward ops that reduce or contract (their semantics hold a reduction), in order."""
-    from tofu_tf.op_semantics.tdl import Reduce
     out = []
     for op in graph:
         sem = entries[op.name].semantics if op.name in entries else None
         if op.role is Role.FORWARD and sem is not None and any(
-                c is not None and _has_reduce(c.body, Reduce) for c in sem.computes):
+                c is not None and _has_reduce(c.body) for c in sem.computes):
             out.append(op.name)
     return out
 
 
-def _has_reduce(expr, reduce_type) -> bool:
-    if isinstance(expr, reduce_type):
-        return True
-    return any(_has_reduce(a, reduce_type) for a in getattr(expr, "args", ()))
+def _has_reduce(expr) -> bool:
+    return isinstance(expr, Reduce) or any(_has_reduce(a) for a in getattr(expr, "args", ()))
 
 
 def candidates(graph: Graph, entries, policy: Recompute) -> frozenset[str]:
     """The forward ops `policy` recomputes (NONE and AUTO: none)."""
     if policy in (Recompute.NONE, Recompute.AUTO):
         return frozenset()
-    kept = set(_contractions(graph, entries))
+    chain = _contractions(graph, entries)
+    kept = set(chain)
     if policy is Recompute.SEGMENTS:
-        chain = _contractions(graph, entries)
         every = max(1, round(math.sqrt(len(chain))))
         kept = {name for i, name in enumerate(chain) if i % every == every - 1}
     # The forward pass: what runs before the first backward op (forward-role ops after it,
