@@ -32,18 +32,25 @@ CONFIGS = {
 }
 
 
+def paper_config(name: str) -> tuple[str, dict]:
+    """A paper-shaped config of any size by name: wresnet-<depth>-w<widen> (224x224,
+    1000 classes) or lstm-<layers>-<hidden> (20 steps), batch 8."""
+    model, first, second = name.split("-")
+    if model == "wresnet":
+        return "wresnet", dict(depth=int(first), widen=int(second.lstrip("w")), base_width=64,
+                               image_size=224, num_classes=1000, batch_size=8)
+    return "lstm", dict(layers=int(first), hidden=int(second), steps=20, embedding=512,
+                        vocab=512, num_classes=512, batch_size=8)
+
+
 def configurations() -> dict[str, tuple[str, dict]]:
     configs = {}
     for depth in (50, 101, 152):
         for widen in (4, 6, 8, 10):
-            configs[f"wresnet-{depth}-w{widen}"] = ("wresnet", dict(
-                depth=depth, widen=widen, base_width=64, image_size=224, num_classes=1000,
-                batch_size=8))
+            configs[f"wresnet-{depth}-w{widen}"] = paper_config(f"wresnet-{depth}-w{widen}")
     for layers in (4, 6, 8, 10):
         for hidden in (4096, 6144, 8192, 10240):
-            configs[f"lstm-{layers}-{hidden}"] = ("lstm", dict(
-                layers=layers, hidden=hidden, steps=20, embedding=512, vocab=512,
-                num_classes=512, batch_size=8))
+            configs[f"lstm-{layers}-{hidden}"] = paper_config(f"lstm-{layers}-{hidden}")
     configs["gpt2-medium"] = ("transformer", dict(layers=24, d_model=1024, heads=16,
                                                    seq_len=1024, vocab=50257, batch_size=8))
     return configs

@@ -4,6 +4,7 @@
     python bench/frontier.py --configs=lstm-10-8192 --budgets=8,16
 
 For WResNet-152 widen 10 and LSTM-10 hidden 8192 (batch 8, bench/common.py) at 8 devices,
+and the largest of each that partitioning alone fits in 16 GiB (bench/results/memory.md),
 each mix of step rewrites (search/plan.step_graph): partitioning alone; updates early
 (reorder.updates_early: each update as soon as its gradient is complete, gradient sums as
 running sums); and those with recomputation (recompute.py: CHEAP, SEGMENTS). Per mix: the
@@ -25,11 +26,14 @@ from pathlib import Path
 from absl import app, flags
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import (RESULTS, configurations, load, markdown_table,  # noqa: E402
+from common import (RESULTS, load, markdown_table, paper_config,  # noqa: E402
                     read_results, write_results)
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("configs", ["wresnet-152-w10", "lstm-10-8192"], "bench/common.py configs")
+flags.DEFINE_list("configs", ["wresnet-152-w10", "lstm-10-8192", "wresnet-152-w16",
+                                "lstm-10-9216"],
+                  "paper-shaped configs (bench/common.paper_config): the frontier's two, and "
+                  "the largest that partitioning alone fits in 16 GiB per device")
 flags.DEFINE_list("budgets", ["4", "8", "12", "16"], "GiB per device")
 flags.DEFINE_integer("devices", 8, "devices")
 flags.DEFINE_string("profile", "h200_8", "search/simulate.py profile for the step time")
@@ -142,7 +146,7 @@ def main(argv) -> int:
     budgets_gib = [int(b) for b in FLAGS.budgets]
     stored.update(devices=FLAGS.devices, profile=FLAGS.profile, budgets_gib=budgets_gib)
     for name in FLAGS.configs:
-        model, sizes = configurations()[name]
+        model, sizes = paper_config(name)
         graph, _ = load(model, sizes)
         for mix, (early, policy) in MIXES.items():
             row = evaluate(graph, early, policy, FLAGS.devices, PROFILES[FLAGS.profile])

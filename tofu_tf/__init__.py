@@ -21,7 +21,7 @@ from tofu_tf.errors import (DescriptionError, DynamicShapeError, GraphImportErro
                             RewriteError,
                             TofuError, UnsupportedOpError, WorkerError)
 from tofu_tf.graph import Graph, Op, Role, Tensor, Variable
-from tofu_tf.options import Objective, Options, VariableStorage
+from tofu_tf.options import Objective, Options, Recompute, VariableStorage
 from tofu_tf.search.plan import Plan
 from tofu_tf.search.topology import Topology
 
@@ -29,7 +29,8 @@ __all__ = [
     "DescriptionError", "DynamicShapeError", "Graph", "GraphImportError", "KernelConfigError",
     "Objective", "Op",
     "Options",
-    "PartitionError", "Plan", "PlanInfeasibleError", "PlanMismatchError", "RegistryError", "RewriteError", "Role",
+    "PartitionError", "Plan", "PlanInfeasibleError", "PlanMismatchError", "Recompute",
+    "RegistryError", "RewriteError", "Role",
     "Tensor", "TofuError", "Topology", "UnsupportedOpError", "Variable", "VariableStorage",
     "WorkerError",
     "function", "optimize",
