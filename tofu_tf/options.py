@@ -103,6 +103,9 @@ class Options:
     # Forward ops recomputed in the backward pass (AUTO needs a memory budget, and may
     # also move the updates early).
     recompute: Recompute = Recompute.NONE
+    # The device profile (search/simulate.PROFILES) on which Recompute.AUTO predicts the
+    # step time of each mix that fits, to keep the fastest.
+    step_profile: str = "this_cpu"
     # Run each optimizer update as soon as its gradient is complete (tofu_tf/search/reorder.py),
     # so that the weight gradients do not all wait for the end of the backward pass.
     early_updates: bool = False

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tofu_tf.api import optimize
-from tofu_tf.errors import PlanInfeasibleError
+from tofu_tf.errors import PlanInfeasibleError, TofuError
 from tofu_tf.graph import Role, split_tensor_name
 from tofu_tf.importer.graphdef_io import import_graph_def
 from tofu_tf.models import build
@@ -130,6 +130,9 @@ def test_auto_recomputes_only_when_the_budget_needs_it(transformer):
     assert error.best_plan.recompute or error.best_plan.early_updates
     with pytest.raises(Exception, match="memory budget"):
         make_plan(graph, num_devices=4, options=Options(recompute=Recompute.AUTO))
+    with pytest.raises(TofuError, match="no device profile"):
+        make_plan(graph, num_devices=4, options=Options(
+            recompute=Recompute.AUTO, memory_budget_bytes=budget, step_profile="tpu"))
 
 
 def test_a_stored_recomputing_plan_is_reused(transformer):

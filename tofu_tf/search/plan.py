@@ -327,38 +327,55 @@ def step_graph(graph: Graph, plan: Plan) -> Graph:
 
 def _transformed_plan(graph: Graph, topology: Topology, options: Options) -> Plan:
     """The plan of `graph` rewritten to hold less (`Plan.early_updates`, `Plan.recompute`;
-    `step_graph` rebuilds the graph it partitions). Recompute.AUTO: the first mix whose
-    plan fits the budget, least recomputation first: NONE, CHEAP, SEGMENTS, each with the
-    updates as given and then early (early updates can also raise the peak: an optimizer
-    whose math holds temporaries as large as the variable, run while the backward pass
-    holds its activations); none fitting, the error names the smallest peak any reached."""
+    `step_graph` rebuilds the graph it partitions). Recompute.AUTO: every mix of NONE,
+    CHEAP and SEGMENTS recomputation, each with the updates as given and early, searched
+    within the budget; of those that fit, the fastest by the simulator on
+    `options.step_profile` (search/simulate.py; ties: the least recomputation); none
+    fitting, the error names the smallest peak any of them reached."""
     from tofu_tf.op_semantics.catalog import catalog
     from tofu_tf.search.recompute import candidates, recompute
     from tofu_tf.search.reorder import updates_early
+    from tofu_tf.search.simulate import PROFILES, plan_step_time
     start = time.perf_counter()
     mixes = [(options.early_updates, options.recompute)]
     if options.recompute is Recompute.AUTO:
         if options.memory_budget_bytes is None:
             raise TofuError("recompute=auto chooses by the memory budget, and none is set.",
                             fix="set Options.memory_budget_bytes, or name a policy.")
+        if options.step_profile not in PROFILES:
+            raise TofuError(f"no device profile named {options.step_profile!r}.",
+                            fix=f"name one of {', '.join(sorted(PROFILES))}.")
         mixes = [(early, policy) for policy in (Recompute.NONE, Recompute.CHEAP,
                                                 Recompute.SEGMENTS)
                  for early in dict.fromkeys((options.early_updates, True))]
     plain = dataclasses.replace(options, recompute=Recompute.NONE, early_updates=False)
+    fitting: list[tuple[float, int, Plan]] = []
     failures: list[tuple[PlanInfeasibleError, bool, frozenset[str]]] = []
-    for early, policy in mixes:
+    for i, (early, policy) in enumerate(mixes):
         reordered = updates_early(graph) if early else graph
         ops = candidates(reordered, catalog(reordered), policy)
+        rewritten = recompute(reordered, ops)
         try:
-            plan = _make_plan(recompute(reordered, ops), topology, plain)
+            if len(mixes) == 1:
+                plan, seconds = _make_plan(rewritten, topology, plain), 0.0
+            else:
+                result = search_within_budget(rewritten, topology, plain)
+                plan = plan_from_search(result, rewritten)
+                seconds = plan_step_time(rewritten, result,
+                                         PROFILES[options.step_profile]).seconds
         except PlanInfeasibleError as e:
             if e.best_peak_bytes is None:           # not a budget (a time limit): say so
                 raise
             failures.append((e, early, ops))
             logging.info("updates early %s, recompute %s: %s", early, policy.value, e)
             continue
-        return dataclasses.replace(plan, early_updates=early, recompute=tuple(sorted(ops)),
-                                   search_seconds=time.perf_counter() - start)
+        logging.info("updates early %s, recompute %s: peak %s, predicted step %.4f s", early,
+                     policy.value, human_bytes(plan.peak_bytes), seconds)
+        fitting.append((seconds, i, dataclasses.replace(plan, early_updates=early,
+                                                         recompute=tuple(sorted(ops)))))
+    if fitting:
+        _, _, plan = min(fitting, key=lambda f: f[:2])
+        return dataclasses.replace(plan, search_seconds=time.perf_counter() - start)
     best, early, ops = min(failures, key=lambda f: f[0].best_peak_bytes)
     if best.best_plan is not None:
         best.best_plan = dataclasses.replace(best.best_plan, early_updates=early,
