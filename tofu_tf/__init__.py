@@ -33,7 +33,7 @@ __all__ = [
     "RegistryError", "RewriteError", "Role",
     "Tensor", "TofuError", "Topology", "UnsupportedOpError", "Variable", "VariableStorage",
     "WorkerError",
-    "function", "optimize",
+    "KerasTrainStep", "function", "optimize",
 ]
 
 
@@ -46,4 +46,7 @@ def __getattr__(name: str):
     if name == "function":
         from tofu_tf.api import function
         return function
+    if name == "KerasTrainStep":
+        from tofu_tf.api import KerasTrainStep
+        return KerasTrainStep
     raise AttributeError(f"module 'tofu_tf' has no attribute '{name}'")

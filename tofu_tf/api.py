@@ -289,3 +289,55 @@ def function(fn: Callable | None = None, *, num_devices: int | None = None,
         return PartitionedFunction(step, num_devices=num_devices, topology=topology,
                                    options=options, devices=devices, plan=plan)
     return wrap(fn) if fn is not None else wrap
+
+
+class KerasTrainStep:
+    """Mixed into a `keras.Model` (before it), `fit` runs every training step partitioned:
+
+        class Net(tofu_tf.KerasTrainStep, keras.Model): ...
+        net.compile(optimizer=keras.optimizers.Adam(), loss=..., run_eagerly=True)
+        net.fit(dataset, epochs=3)     # each batch: loss, gradients, update, on N devices
+        net.write_back()               # the trained values into the model's variables
+
+    The step is the model's `compute_loss` (compile's loss and the model's own losses) and
+    the optimizer's update, through `tofu_tf.function` (`tofu_num_devices`,
+    `tofu_topology`, `tofu_options` configure it); its variables live as shards on the
+    devices until `write_back`. `fit` must call it eagerly (`run_eagerly=True`): the
+    partitioned step runs in its own session. It reports the batch's loss; compiled
+    metrics other than the loss and sample weights are not supported (a TofuError)."""
+    tofu_num_devices: int | None = 8
+    tofu_topology: Topology | str | None = None
+    tofu_options: Options = Options()
+
+    def train_step(self, data):
+        import keras
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        if sample_weight is not None:
+            raise TofuError("a partitioned Keras train_step takes no sample weights.",
+                            fix="weight the loss inside compute_loss, or drop them.")
+        if tf.inside_function():
+            raise TofuError("the partitioned train_step was called inside a tf.function.",
+                            fix="compile the model with run_eagerly=True.")
+        step = self.__dict__.get("_tofu_step")
+        if step is None:
+            self.optimizer.build(self.trainable_variables)
+
+            def plain(x, y):
+                with tf.GradientTape() as tape:
+                    loss = self.compute_loss(x=x, y=y, y_pred=self(x, training=True))
+                grads = tape.gradient(loss, self.trainable_variables)
+                self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+                return loss
+            topology = None if self.tofu_num_devices else self.tofu_topology
+            step = PartitionedFunction(plain, num_devices=self.tofu_num_devices,
+                                       topology=topology, options=self.tofu_options)
+            self.__dict__["_tofu_step"] = step       # not a tracked Keras attribute
+        return {"loss": step(x, y)}
+
+    def write_back(self) -> None:
+        """The trained values into the model's (and optimizer's) variables."""
+        step = self.__dict__.get("_tofu_step")
+        if step is None:
+            raise TofuError("the model has not been trained yet.", fix="call fit first.")
+        step.write_back()
+
