@@ -143,3 +143,25 @@ def test_a_stored_recomputing_plan_is_reused(transformer):
     assert again.plan.recompute == plan.recompute
     assert any(n.name.startswith(plan.recompute[0] + SUFFIX) for n in again.graph_def.node)
     assert np.isfinite(again.plan.peak_bytes)
+
+
+def test_the_simulator_prices_the_recomputed_work(transformer):
+    """The copies are ops of the step: one device's predicted compute grows by their work,
+    and no more than one extra forward pass (SEGMENTS) or a fraction of it (CHEAP)."""
+    from tofu_tf.search.recursive import search
+    from tofu_tf.search.simulate import PROFILES, op_flops, plan_step_time, single_step_time
+    from tofu_tf.search.topology import Topology
+    _, graph = transformer
+    profile = PROFILES["h200_8"]
+    flops = {}
+    for policy in (Recompute.NONE, Recompute.CHEAP, Recompute.SEGMENTS):
+        g = recompute(graph, candidates(graph, catalog(graph), policy))
+        flops[policy] = (single_step_time(g, profile).flops,
+                         plan_step_time(g, search(g, Topology.default(4)), profile).flops)
+    whole, _ = flops[Recompute.NONE]
+    entries = catalog(graph)
+    forward = sum(op_flops(entries[op.name].semantics) for op in graph
+                  if op.role is Role.FORWARD and entries[op.name].semantics is not None)
+    for policy in (Recompute.CHEAP, Recompute.SEGMENTS):
+        assert whole < flops[policy][0] <= whole + forward, policy
+        assert flops[policy][1] > flops[Recompute.NONE][1]
