@@ -8,11 +8,16 @@ import sys
 # shortcut convolution's filter gradient with its input channels split) returns an input
 # channel's gradient tens of percent off, the same wrong value every run, in oneDNN's AVX2
 # kernels (CPUs without AVX-512, or ONEDNN_MAX_CPU_ISA=AVX2; its AVX-512 and SSE4.1
-# kernels are right). tests/robustness/test_onednn.py reproduces it; no TensorFlow issue
-# names it. No heap corruption was seen (2000 runs). Unless the user chose
-# otherwise, use TensorFlow's own kernels; this only takes effect when tofu_tf is
-# imported before TensorFlow. Imported after, `optimize` and `function` raise a
-# KernelConfigError naming the fix (api.check_kernels).
+# kernels are right). tests/robustness/test_onednn.py reproduces it. The root cause is
+# oneDNN's, not TensorFlow's: its AVX2 1x1 backward-weights kernel (jit_1x1:avx2) with
+# stride > 1 first copies the source to unit stride ("rtus") and, for NHWC input with
+# fewer input channels than its channel block (8), writes past that workspace:
+# https://github.com/uxlfoundation/oneDNN/issues/6035 (wrong diff_weights, and a hang or
+# a segmentation fault by thread count: the heap corruption once suspected here; none
+# was seen in 2000 runs through TensorFlow). Unless the user chose otherwise, use
+# TensorFlow's own kernels; this only takes effect when tofu_tf is imported before
+# TensorFlow. Imported after, `optimize` and `function` raise a KernelConfigError naming
+# the fix (api.check_kernels).
 if "tensorflow" not in sys.modules:
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
