@@ -68,7 +68,8 @@ def _efficiency_rows(rows: list[dict]) -> list[list]:
     cells = defaultdict(list)
     for r in rows:
         if r["family"] == "conv2d" and "graph" in r:
-            cells[(r["dtype"], r["op"], r["split"])].append(r["flops"] / r["graph"] / best[r["dtype"]])
+            rate = r["flops"] / r["graph"] / best[r["dtype"]]
+            cells[(r["dtype"], r["op"], r["split"])].append(rate)
     out = []
     for dtype in ("tf32", "bfloat16"):
         for op in ("forward", "input_grad", "filter_grad"):

@@ -106,9 +106,11 @@ def export(path: str) -> None:
                                       "configs": configs}, indent=1))
 
 
+MEASURED = ("flops", "bytes", "predicted", "graph", "error")   # not part of a kernel's key
+
+
 def _key(kernel: dict) -> str:
-    return json.dumps({k: v for k, v in kernel.items()
-                       if k not in ("flops", "bytes", "predicted", "graph", "error")}, sort_keys=True)
+    return json.dumps({k: v for k, v in kernel.items() if k not in MEASURED}, sort_keys=True)
 
 
 def law(kernel: dict, peak: float, bandwidth: float, efficiency: float, overhead: float):

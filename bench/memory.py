@@ -115,8 +115,8 @@ def largest(stored: dict, devices: int) -> dict:
                 graph, _ = load(model, {**sizes, varied: value})
                 cache[str(value)] = peaks(graph, devices)
                 print(f"  {name} {varied}={value}: " + ", ".join(
-                    f"{k} {v / GIB:.2f} GiB" for k, v in cache[str(value)].items()),
-                    flush=True)
+                    f"{k} {v / GIB:.2f} GiB" if k in MODES else f"{k} {v / 1e6:.0f}M"
+                    for k, v in cache[str(value)].items()), flush=True)
                 write(stored)
             return cache[str(value)]
 
@@ -173,10 +173,10 @@ def table(stored: dict) -> str:
                 ratio = (f"{got['tofu_min'] / got['data_parallel']:.2f}x"
                          if got["data_parallel"] else "DP: none fits")
                 rewritten = got.get("tofu_min_rewritten")
-                params = (f"{got['tofu_min_rewritten_parameters'] / 1e6:.0f}M / "
-                          f"{got['tofu_min_parameters'] / 1e6:.0f}M = "
-                          f"{got['tofu_min_rewritten_parameters'] / got['tofu_min_parameters']:.2f}x"
-                          if rewritten and got.get("tofu_min_parameters") else "—")
+                more, alone = (got.get("tofu_min_rewritten_parameters"),
+                               got.get("tofu_min_parameters"))
+                params = (f"{more / 1e6:.0f}M / {alone / 1e6:.0f}M = {more / alone:.2f}x"
+                          if more and alone else "—")
                 lines.append(f"| {name} ({varied}) | {budget_name} | {got['single']} | "
                              f"{got['data_parallel']} | {got['tofu_min']} | {ratio} | "
                              f"{rewritten if rewritten is not None else '—'} | {params} |")

@@ -1,11 +1,12 @@
 """The paper's evaluation, simulated: tofu against the alternatives on three 8-device boxes.
 
-    python bench/paper.py                              # every config, both profiles
+    python bench/paper.py                              # every config, the three profiles
     python bench/paper.py --only=wresnet-50-w4 --profiles=h100_8
 
 For WResNet 50/101/152 x widen 4/6/8/10 and LSTM 4/6/8/10 layers x hidden 4096-10240
 (batch 8, bench/common.py) on the paper-era 8-GPU PCIe box, on 8 x H100 and on 8 x H200
-(search/simulate.py profiles; the H200's measured by bench/gpu_kernels.py and gpu_ops.py), the predicted throughput (samples/s) of
+(search/simulate.py profiles; the H200's measured by bench/gpu_kernels.py and gpu_ops.py),
+the predicted throughput (samples/s) of
 - tofu: the least-communication plan whose estimated peak fits the device (a budget of
   the device's memory; none: out of memory);
 - Ideal, SmallBatch, Swap, OpPlacement (search/simulate.py states each model).

@@ -11,8 +11,8 @@ Relations recorded for coarsening:
 - `Op.role`: what part of the training step the op belongs to.
 - `Op.forward_op`: for a gradient op, the forward op it differentiates (or None).
 - `Op.copy_of`: for an op a rewrite of the step added (a forward op run again in the
-  backward pass, `tofu_tf.search.recompute`; a piece of a gradient sum, `tofu_tf.search.reorder`), the
-  op of the imported graph whose NodeDef it is written from, with its own attrs.
+  backward pass, `search/recompute.py`; a piece of a gradient sum, `search/reorder.py`),
+  the op of the imported graph whose NodeDef it is written from, with its own attrs.
 - `Variable`: a trainable variable or optimizer slot with its read and update ops;
   `Variable.slot_of` names the variable an optimizer slot belongs to.
 """

@@ -52,7 +52,7 @@ class Recompute(enum.Enum):
     NONE = "none"
     CHEAP = "cheap"              # ops without reductions: element-wise, normalisations
     SEGMENTS = "segments"        # all but every sqrt(n)-th contraction's result
-    AUTO = "auto"                # the first mix that fits the budget (search/plan.py)
+    AUTO = "auto"                # the fastest mix that fits the budget (search/plan.py)
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,7 @@ class Options:
     # The device profile (search/simulate.PROFILES) on which Recompute.AUTO predicts the
     # step time of each mix that fits, to keep the fastest.
     step_profile: str = "this_cpu"
-    # Run each optimizer update as soon as its gradient is complete (tofu_tf/search/reorder.py),
-    # so that the weight gradients do not all wait for the end of the backward pass.
+    # Run each optimizer update as soon as its gradient is complete and each gradient sum
+    # as a running sum (search/reorder.py): the weight gradients do not all wait for the
+    # end of the backward pass.
     early_updates: bool = False

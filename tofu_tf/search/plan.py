@@ -78,7 +78,7 @@ class Plan:
     # levels' `bytes` above are the search's model: each level's cut inside its groups.
     predicted_per_level: tuple[int, ...] = ()
     # What the plan partitions is `step_graph(graph, plan)`: the step with its updates
-    # moved early (tofu_tf.search.reorder) and these forward ops recomputed (tofu_tf.search.recompute).
+    # moved early (search/reorder.py) and these forward ops recomputed (search/recompute.py).
     early_updates: bool = False
     recompute: tuple[str, ...] = ()
 

@@ -15,10 +15,11 @@ to the earliest point of the graph's order where it may run:
   updated under a live view, a copy this keeps from happening).
 
 Constants move too (a learning rate may be written after the backward pass); every other
-op keeps its place. First, each gradient sum of many terms becomes a running sum
-(`accumulated`), so that the terms die as they come too. The values are the same: each variable is read and written
-in the same order. Everything downstream (the search, the memory estimate, the emitter's
-sequential chain) follows the graph's order.
+op keeps its place, and each variable is read and written in the same order. First, each
+gradient sum of many terms becomes a running sum (`accumulated`), so that its terms die as
+they come too: the one change of value, the sum's rounding in another order. Everything
+downstream (the search, the memory estimate, the emitter's sequential chain) follows the
+graph's order.
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ import heapq
 
 from tofu_tf.graph import Graph, Op, Role, split_tensor_name
 from tofu_tf.liveness import ALIASING
+from tofu_tf.search.recompute import forward_end
 
 
 def updates_early(graph: Graph) -> Graph:
+    """`graph` with running gradient sums and every update as early as it may run."""
     graph = accumulated(graph)
     ops = graph.ops
     index = {op.name: i for i, op in enumerate(ops)}
@@ -95,7 +98,7 @@ def accumulated(graph: Graph) -> Graph:
     computed instead of the order the AddN lists them."""
     ops = graph.ops
     position = {op.name: i for i, op in enumerate(ops)}
-    first = next((i for i, op in enumerate(ops) if op.role is Role.BACKWARD), len(ops))
+    first = forward_end(graph)
     tensors = dict(graph.tensors)
     after: dict[int, list[Op]] = {}            # position -> chain pieces placed after it
     replaced: set[str] = set()
