@@ -25,6 +25,11 @@ comparison uses):
    plan's transfers, so its error on partitioned tiny models is large; it is reported,
    not hidden.
 Results: bench/results/simulate.{json,md}.
+
+`--device=gpu` needs TensorFlow with a GPU. Where a GPU machine has no TensorFlow,
+bench/gpu_kernels.py (per-family kernel laws) and bench/gpu_ops.py (the plan simulator's
+kernel law against the paper configs' own kernels, held out) measure the GPU through
+PyTorch: the same cuBLAS and cuDNN kernels.
 """
 
 from __future__ import annotations
