@@ -23,6 +23,18 @@ def test_trains_to_the_same_numbers(model):
     assert result.details["partitioned_nodes"] > result.details["planner_ops"]
 
 
+@pytest.mark.parametrize("model", ["mobilenetv2", "llama"])
+def test_trains_to_the_same_numbers_with_the_step_rewritten(model):
+    """Updates early, gradient sums running, cheap forward ops recomputed: a real Keras
+    graph (batch norm, depthwise convolutions, ReLU6; rotary attention, RMS norm)."""
+    options = tofu_tf.Options(early_updates=True, recompute=tofu_tf.Recompute.CHEAP)
+    result = train_side_by_side(model, num_devices=8, dtype="float64", steps=3,
+                                options=options)
+    assert result.outcome == "equal", result.to_dict()
+    assert result.partitioned.variable_error <= VARIABLE_TOLERANCE
+    assert result.details["recomputed_ops"] > 0
+
+
 def test_a_grouped_convolution_is_a_typed_error_naming_the_call():
     """ConvNeXt's depthwise layers are Conv2D(groups=C), which Keras runs compiled by XLA."""
     step = build_keras_step("convnexttiny", batch_size=8)

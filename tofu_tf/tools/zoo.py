@@ -89,21 +89,22 @@ class SideBySide:
 def train_side_by_side(model: str, *, num_devices: int = 8, dtype: str = "float32",
                        steps: int = 3, batch_size: int = 8, image_size: int = 32,
                        optimizer: str = "sgd_momentum", seed: int = 0,
-                       yardstick: bool | None = None) -> SideBySide:
-    """See the module docstring; `yardstick` defaults to on in float32."""
+                       yardstick: bool | None = None, options=None) -> SideBySide:
+    """See the module docstring; `yardstick` defaults to on in float32; `options`: the
+    partitioned step's tofu_tf.Options."""
     import tensorflow as tf
     previous = tf.config.optimizer.get_experimental_options()
     tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
     try:
         return _train_side_by_side(model, num_devices, dtype, steps, batch_size, image_size,
-                                   optimizer, seed, yardstick)
+                                   optimizer, seed, yardstick, options)
     finally:
         tf.config.optimizer.set_experimental_options(
             {"disable_meta_optimizer": previous.get("disable_meta_optimizer", False)})
 
 
 def _train_side_by_side(model, num_devices, dtype, steps, batch_size, image_size, optimizer,
-                        seed, yardstick) -> SideBySide:
+                        seed, yardstick, options) -> SideBySide:
     import tofu_tf
     from tofu_tf.models.keras_models import build_keras_step
     start = time.perf_counter()
@@ -117,7 +118,8 @@ def _train_side_by_side(model, num_devices, dtype, steps, batch_size, image_size
     common = dict(model=model, num_devices=num_devices, dtype=dtype, steps=steps,
                   reference_losses=tuple(want))
     try:
-        partitioned = tofu_tf.function(mine.step, num_devices=num_devices)
+        partitioned = tofu_tf.function(mine.step, num_devices=num_devices,
+                                       options=options or tofu_tf.Options())
         got = [float(np.asarray(partitioned(*b))) for b in batches]
         partitioned.write_back()
     except TofuError as err:
@@ -131,7 +133,8 @@ def _train_side_by_side(model, num_devices, dtype, steps, batch_size, image_size
     return SideBySide(**common, partitioned=drift, yardstick=ruler,
                       seconds=time.perf_counter() - start,
                       details={"planner_ops": len(partitioned.optimized.graph),
-                               "partitioned_nodes": nodes})
+                               "partitioned_nodes": nodes,
+                               "recomputed_ops": len(partitioned.plan.recompute)})
 
 
 def _variables(step) -> list[tuple[str, np.ndarray]]:
