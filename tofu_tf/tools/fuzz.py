@@ -92,8 +92,10 @@ def random_step(chooser: Chooser, max_ops: int = 7, seed: int = 0) -> Case:
                 builder.log)
 
 
-def check(case: Case, num_devices: int) -> str | None:
-    """None when `STEPS` partitioned steps equal the unpartitioned ones, else what differs."""
+def check(case: Case, num_devices: int, options=None) -> str | None:
+    """None when `STEPS` partitioned steps equal the unpartitioned ones, else what differs
+    (`options`: the partitioned step's tofu_tf.Options, such as its step rewrites)."""
+    from tofu_tf.options import Options
     from tofu_tf.api import optimize
     from tofu_tf.runtime.session import Runner, SingleDevice
     with SingleDevice(case.graph_def, case.init_op, case.fetches) as single:
@@ -101,7 +103,7 @@ def check(case: Case, num_devices: int) -> str | None:
         want = [single.run(case.feeds)[0] for _ in range(STEPS)]
         want_values = single.values()
     optimized = optimize(case.graph_def, case.fetches, feeds=list(case.feeds),
-                         num_devices=num_devices)
+                         num_devices=num_devices, options=options or Options())
     with Runner(optimized, initial) as runner:
         got = [runner.run(case.feeds)[0] for _ in range(STEPS)]
         got_values = runner.values()
