@@ -4,6 +4,8 @@
     python3 bench/gpu_kernels.py --ops=gpu_ops.json --out=raw.json  # on the GPU machine
     python bench/gpu_ops.py --compare=raw.json                     # here: the error
     python bench/gpu_ops.py --export=new.json --compare=raw.json   # re-predict, same times
+    python bench/gpu_ops.py --compare=bench/results/gpu_ops_raw.json \
+        --repeat=bench/results/gpu_ops_raw_repeat.json             # the stored runs
 
 For each config (bench/common.py; default: the two paper configs of the frontier), the
 matrix products and convolutions (forward, input and filter gradients) that one device runs
@@ -35,6 +37,7 @@ flags.DEFINE_string("export", None, "write the kernels of --configs to this file
 flags.DEFINE_string("compare", None, "bench/gpu_kernels.py --ops output to compare with")
 flags.DEFINE_list("configs", ["wresnet-152-w10", "lstm-10-8192"], "bench/common.py configs")
 flags.DEFINE_string("profile", "h200_8", "search/simulate.py profile")
+flags.DEFINE_string("repeat", None, "with --compare: a second timing of the same kernels")
 
 CONVS = ("Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter")
 CALIBRATION = ("wresnet-101-w8", "lstm-8-6144")     # the rest of --configs is held out
@@ -137,7 +140,30 @@ def fit(kernels: list[dict], peak: float, bandwidth: float) -> tuple[float, floa
     return best[1:]
 
 
-def compare(path: str, fresh: str | None = None) -> str:
+def _repeat(path: str, kernels: list[dict], predicted: list[float], raw: dict,
+            calibration: set[int]) -> dict:
+    """A second timing of the same kernels (another machine start): how far its times are
+    from the first's, and the held-out step error of the first's fit on them."""
+    times = {_key(k): k["graph"] for k in json.loads(Path(path).read_text())["kernels"]
+             if k.get("graph")}
+    again = [times.get(_key(k)) for k in kernels]
+    spread = sorted(abs(t / k["graph"] - 1) for k, t in zip(kernels, again)
+                    if t and k.get("graph"))
+    steps = []
+    for name, systems in raw["configs"].items():
+        if name in CALIBRATION:
+            continue
+        for entry in systems.values():
+            counts = {int(i): c for i, c in entry["counts"].items() if again[int(i)]}
+            measured = sum(again[i] * c for i, c in counts.items())
+            steps.append(abs(sum(predicted[i] * c for i, c in counts.items()) / measured - 1))
+    steps.sort()
+    return {"spread_median": statistics.median(spread),
+            "spread_p90": spread[int(0.9 * len(spread))], "spread_worst": spread[-1],
+            "step_median": statistics.median(steps), "step_worst": steps[-1]}
+
+
+def compare(path: str, fresh: str | None = None, repeat: str | None = None) -> str:
     """The timed kernels of `path`; with `fresh` (an export written since), its kernels and
     counts with the times of `path` (the simulator changed, the kernels did not). The
     profile's efficiency and per-kernel overhead are fitted on the CALIBRATION configs'
@@ -183,8 +209,11 @@ def compare(path: str, fresh: str | None = None) -> str:
     stored["held_out"] = {"kernel_median": statistics.median(errors), "kernel_worst": errors[-1],
                           "kernels": len(errors), "step_median": statistics.median(steps),
                           "step_worst": steps[-1]}
+    if repeat:
+        stored["repeat"] = _repeat(repeat, kernels, predicted, raw, calibration)
     (RESULTS / "gpu_ops.json").write_text(json.dumps(stored, indent=1, sort_keys=True))
     gpu, h = raw.get("gpu", {}), stored["held_out"]
+    r = stored.get("repeat")
     md = "\n\n".join([
         "# The plan simulator's kernel law against one GPU (bench/gpu_ops.py)",
         f"{gpu.get('device', '?')} (torch {gpu.get('torch', '?')}, cuDNN "
@@ -204,7 +233,11 @@ def compare(path: str, fresh: str | None = None) -> str:
         f"calibration config runs) median {h['kernel_median']:.0%}, worst "
         f"{h['kernel_worst']:.0%}. Element-wise ops, transfers and collectives are not in "
         "these figures (bench/results/gpu_kernels.md has their laws).",
-    ])
+    ] + ([f"A second timing of the same kernels on a freshly started machine "
+          f"(gpu_ops_raw_repeat.json): times {r['spread_median']:.1%} apart in the median "
+          f"(p90 {r['spread_p90']:.0%}, worst {r['spread_worst']:.0%}); the fit above "
+          f"predicts its held-out steps within a median {r['step_median']:.0%}, worst "
+          f"{r['step_worst']:.0%}."] if r else []))
     (RESULTS / "gpu_ops.md").write_text(md + "\n")
     print(md)
     return md
@@ -215,7 +248,7 @@ def main(argv) -> int:
     if FLAGS.export:
         export(FLAGS.export)
     if FLAGS.compare:
-        compare(FLAGS.compare, FLAGS.export)
+        compare(FLAGS.compare, FLAGS.export, FLAGS.repeat)
     return 0
 
 
