@@ -8,7 +8,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from tofu_tf.options import Options
+from tofu_tf.options import Options, Recompute
 from tofu_tf.tools.report import SECTIONS, html_report, plan_diff
 from tofu_tf.search.baselines import BASELINES
 from tofu_tf.search.plan import make_plan
@@ -84,3 +84,14 @@ def test_the_diff_names_what_changed(plans):
     assert "change state" in text and "tensor " in text
     same = plan_diff(free, free)
     assert "same" in same and "0 of" in same and "store every shared tensor" in same
+
+
+def test_the_diff_and_the_page_name_the_step_rewrites(plans):
+    free, _, _ = plans
+    graph = graph_of("transformer", "adam")
+    rewritten = make_plan(graph, num_devices=free.num_devices,
+                          options=Options(early_updates=True, recompute=Recompute.CHEAP))
+    text = plan_diff(free, rewritten)
+    assert "step rewrites: updates early False -> True" in text
+    assert f"recomputed forward ops 0 -> {len(rewritten.recompute)}" in text
+    assert "forward ops recomputed in the backward pass" in html_report(rewritten)

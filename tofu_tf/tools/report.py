@@ -145,6 +145,9 @@ def plan_diff(a: Plan, b: Plan, limit: int = 20) -> str:
                      f"({_change(a.peak_bytes, b.peak_bytes)})")
     if a.variable_storage != b.variable_storage:
         lines.append(f"variables: {a.variable_storage} -> {b.variable_storage}")
+    if (a.early_updates, a.recompute) != (b.early_updates, b.recompute):
+        lines.append(f"step rewrites: updates early {a.early_updates} -> {b.early_updates}, "
+                     f"recomputed forward ops {len(a.recompute)} -> {len(b.recompute)}")
     shared_tensors = sorted(set(a.groups) & set(b.groups))
     shared_ops = sorted(set(a.op_types) & set(b.op_types))
     for i in range(min(len(a.levels), len(b.levels))):
