@@ -65,6 +65,23 @@ class Optimized:
     feeds: tuple[str, ...]
     graph: Graph                               # the planner graph the plan is for
     op_nodes: frozenset[str] = frozenset()     # emitted nodes that run planner ops
+    # Options.shard_feeds: fed tensor -> (placeholder, device, box) per device; the runners
+    # cut each fed value into these shares (`feed_dict`)
+    feed_shards: Mapping[str, tuple] = dataclasses.field(default_factory=dict)
+
+    def feed_dict(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        """`feeds` (fed tensor name -> whole value) as the emitted graph takes them."""
+        if not self.feed_shards:
+            return dict(feeds)
+        out = {}
+        for name, value in feeds.items():
+            if name not in self.feed_shards:
+                out[name] = value
+                continue
+            value = np.asarray(value)
+            for placeholder, _, box in self.feed_shards[name]:
+                out[placeholder] = value[tuple(slice(a, b) for a, b in box)]
+        return out
 
     @property
     def num_devices(self) -> int:
@@ -136,11 +153,12 @@ def optimize_imported(imported: ImportedGraph, topology: Topology, *,
                           expose=expose)
     emitted = emit(imported.graph, imported.graph_def, entries, plan, devices=devices,
                    feeds=feeds, expose=expose, collectives_mode=options.collectives,
-                   sequential=options.sequential, parts=parts)
+                   sequential=options.sequential, parts=parts,
+                   shard_feeds=options.shard_feeds)
     verify(emitted, imported.graph, plan.predicted_per_level)
     return Optimized(emitted.graph_def, plan, emitted.ledger, emitted.shards,
                      emitted.devices, emitted.fetches, tuple(feeds), imported.graph,
-                     emitted.op_nodes)
+                     emitted.op_nodes, emitted.feed_shards)
 
 
 def predict(plan: Plan, imported: ImportedGraph, entries=None, *,

@@ -94,6 +94,10 @@ class Options:
     # Raise UnsupportedOpError for an op type without a description, instead of keeping
     # its ops whole (run on whole inputs on every device; listed in a KeptWholeWarning).
     strict: bool = False
+    # Feed each device its share of every fed tensor through a placeholder of its own
+    # (`Optimized.feed_dict` cuts the values), instead of the whole value on device 0,
+    # sliced and sent: on GPUs the host then copies to each device directly.
+    shard_feeds: bool = False
     # Chain each device's ops with control edges in the planned order, so that the
     # executor cannot run ahead and raise the device's peak memory above the estimate.
     sequential: bool = True

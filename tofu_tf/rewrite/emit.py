@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -67,6 +67,9 @@ class Emitted:
     fetches: tuple[str, ...]                        # names to fetch (same as the input's)
     feeds: tuple[str, ...] = ()
     op_nodes: frozenset[str] = frozenset()          # the nodes that run planner ops
+    # With sharded feeds: fed tensor -> (placeholder tensor, device, box) per device, each
+    # device's share fed to it directly (the runners cut the whole value)
+    feed_shards: Mapping[str, tuple[tuple[str, int, Box], ...]] = field(default_factory=dict)
 
 
 def cpu_devices(n: int) -> tuple[str, ...]:
@@ -77,11 +80,11 @@ def emit(graph: Graph, graph_def: graph_pb2.GraphDef, entries: Mapping[str, OpEn
          plan: Plan, *, devices: Sequence[str] | None = None,
          feeds: Sequence[str] = (), expose: Sequence[str] = (),
          collectives_mode: Collectives = Collectives.AUTO, sequential: bool = True,
-         parts: Partition | None = None) -> Emitted:
+         parts: Partition | None = None, shard_feeds: bool = False) -> Emitted:
     """The partitioned GraphDef of `graph` (imported from `graph_def`) under `plan`.
     `expose`: more tensors to assemble whole on device 0, as `tofu_expose/<op>_<index>`
-    (for inspecting intermediate values). `collectives_mode`, `sequential`: see Options.
-    `parts`: the plan's partition when already computed (`partition_of`)."""
+    (for inspecting intermediate values). `collectives_mode`, `sequential`, `shard_feeds`:
+    see Options. `parts`: the plan's partition when already computed (`partition_of`)."""
     parts = parts or partition_of(graph, graph_def, entries, plan)
     devices = tuple(devices or cpu_devices(parts.num_devices))
     if len(devices) != parts.num_devices:
@@ -89,7 +92,7 @@ def emit(graph: Graph, graph_def: graph_pb2.GraphDef, entries: Mapping[str, OpEn
                            f"{parts.num_devices} devices.",
                            fix="pass one device name per device of the plan.")
     return _Emitter(graph, graph_def, entries, parts, devices, feeds, plan,
-                    collectives_mode).run(expose, sequential)
+                    collectives_mode, shard_feeds).run(expose, sequential)
 
 
 def partition_of(graph: Graph, graph_def: graph_pb2.GraphDef,
@@ -118,7 +121,8 @@ class _Value:
 
 class _Emitter:
     def __init__(self, graph: Graph, graph_def, entries, parts: Partition, devices, feeds,
-                 plan: Plan, collectives_mode: Collectives = Collectives.AUTO):
+                 plan: Plan, collectives_mode: Collectives = Collectives.AUTO,
+                 shard_feeds: bool = False):
         self.graph, self.entries, self.parts, self.devices = graph, entries, parts, devices
         self.plan = plan
         self.reduced: dict[str, dict] = {}                       # tensor -> reduce_all
@@ -146,6 +150,8 @@ class _Emitter:
         self.variable_of = {v.handle: v for v in graph.variables.values()}
         self.sent: set[tuple[str, int]] = set()          # (tensor in the graph, device)
         self.fed: dict[str, _Value] = {}                  # placeholder tensor -> whole feed
+        self.shard_feeds = shard_feeds
+        self.feed_shards: dict[str, list[tuple[str, int, Box]]] = {}
         self.received: dict[str, dict[int, list[_Value]]] = {}   # t -> device -> regions
 
     # -- driver ----------------------------------------------------------------------------
@@ -165,7 +171,8 @@ class _Emitter:
             self.out.chain_devices(fetches)
         op_nodes = frozenset(n for names in self.pieces.values() for n in names)
         return Emitted(self.out.graph_def, self.parts, self.ledger, self.shards, self.devices,
-                       tuple(fetches), self.feeds, op_nodes)
+                       tuple(fetches), self.feeds, op_nodes,
+                       {t: tuple(s) for t, s in self.feed_shards.items()})
 
     def _name(self, base: str) -> str:
         return self.out.name(base)
@@ -474,8 +481,19 @@ class _Emitter:
 
     # -- sources and variables -------------------------------------------------------------
     def _emit_feed(self, op, node, piece: DeviceOp):
-        """The fed placeholder keeps its name on device 0; each device gets its share."""
+        """The fed placeholder keeps its name on device 0; each device gets its share.
+        With sharded feeds, each device has a placeholder of its own share instead."""
         t = op.outputs[0]
+        if self.shard_feeds:
+            box = piece.outputs[0].box
+            shape = tuple(b - a for a, b in box)
+            attrs = {k: v for k, v in node.attr.items() if not k.startswith("_")}
+            attrs["shape"] = attr_value_pb2.AttrValue(shape=tf.TensorShape(shape).as_proto())
+            value = self.out.node("Placeholder", self._name(op.name), piece.device, (), attrs,
+                                  [shape], [self._dtype(t)])[0]
+            self.produced.setdefault(t, [None] * self.n)[piece.device] = _Value(value, box)
+            self.feed_shards.setdefault(t, []).append((value.node + ":0", piece.device, box))
+            return None
         if t not in self.fed:
             attrs = {k: v for k, v in node.attr.items() if not k.startswith("_")}
             shape = self.graph.tensors[t].shape

@@ -153,8 +153,12 @@ class Runner(_SessionOwner):
 
     def run(self, feeds: Mapping[str, np.ndarray], fetches=None, **run_args):
         """`run_args`: Session.run's `options` and `run_metadata` (a traced step)."""
-        return self.session.run(list(fetches or self.optimized.fetches), dict(feeds),
-                                **run_args)
+        return self.session.run(list(fetches or self.optimized.fetches),
+                                self._feed_dict(feeds), **run_args)
+
+    def _feed_dict(self, feeds):
+        feed_dict = getattr(self.optimized, "feed_dict", None)
+        return feed_dict(feeds) if feed_dict else dict(feeds)
 
     def values(self) -> dict[str, np.ndarray]:
         """Every variable, assembled whole from its shards."""
@@ -188,7 +192,11 @@ class WrappedRunner:
                     variable = tf.Variable(np.asarray(values[name])[box_slices(shard.box)])
                 self.shards[(name, shard.device)] = variable
                 handles.append(wrapped.graph.get_tensor_by_name(shard.handle + ":0"))
-        feeds = [wrapped.graph.get_tensor_by_name(f) for f in optimized.feeds] + handles
+        shards = getattr(optimized, "feed_shards", {})
+        self._inputs = [(name, box) for name in optimized.feeds
+                        for _, _, box in shards.get(name, ((name, 0, None),))]
+        feeds = [wrapped.graph.get_tensor_by_name(placeholder) for name in optimized.feeds
+                 for placeholder, _, _ in shards.get(name, ((name, 0, None),))] + handles
         fetches = [wrapped.graph.get_tensor_by_name(f) if ":" in f
                    else wrapped.graph.get_operation_by_name(f) for f in optimized.fetches]
         self._function = wrapped.prune(feeds=feeds, fetches=fetches)
@@ -196,7 +204,8 @@ class WrappedRunner:
                          for name, shards in optimized.shards.items() for s in shards]
 
     def run(self, feeds: Mapping[str, np.ndarray]):
-        inputs = [tf.constant(feeds[name]) for name in self.optimized.feeds]
+        inputs = [tf.constant(np.asarray(feeds[name])[box_slices(box)] if box is not None
+                              else feeds[name]) for name, box in self._inputs]
         return self._function(*inputs, *self._handles)
 
     def values(self) -> dict[str, np.ndarray]:
