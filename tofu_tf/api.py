@@ -99,20 +99,40 @@ class Optimized:
         level's ways (e.g. `dtensor.create_mesh([("x", 2), ("y", 4)])` for 2x4). A variable
         the plan stores in no such layout (a dim split at two levels, uneven parts) raises
         a TofuError naming it."""
-        from tensorflow.experimental import dtensor
+        self._check_mesh(mesh)
+        return {name: _layout(self.plan.sharding_spec(variable.handle, variable.shape), mesh)
+                for name, variable in self.graph.variables.items()}
+
+    def _check_mesh(self, mesh) -> None:
         ways = tuple(level.ways for level in self.plan.levels)
         shape = tuple(mesh.dim_size(name) for name in mesh.dim_names)
         if shape != ways:
             raise TofuError(f"a mesh of shape {shape} for a plan over ways {ways}.",
                             fix="make the mesh one dim per level, outermost first, each of "
                                 "the level's ways.")
-        layouts = {}
-        for name, variable in self.graph.variables.items():
-            spec = self.plan.sharding_spec(variable.handle, variable.shape)
-            layouts[name] = dtensor.Layout(
-                [dtensor.UNSHARDED if level is None else mesh.dim_names[level]
-                 for level in spec], mesh)
-        return layouts
+
+    def to_dtensor_activation_layouts(self, mesh) -> tuple[dict[str, Any], dict[str, str]]:
+        """({tensor: Layout}, {tensor: why not}) for the step's other stored tensors
+        (activations, gradients): the layout in which the plan stores each, where one
+        expresses it (a dim split at two levels, or into uneven parts, has none)."""
+        self._check_mesh(mesh)
+        handles = {v.handle for v in self.graph.variables.values()}
+        layouts, not_expressible = {}, {}
+        for name, tensor in self.graph.tensors.items():
+            if name in handles or tensor.is_resource or name not in self.plan.groups:
+                continue
+            try:
+                layouts[name] = _layout(self.plan.sharding_spec(name, tensor.shape), mesh)
+            except TofuError as err:
+                not_expressible[name] = str(err)
+        return layouts, not_expressible
+
+
+def _layout(spec: tuple[int | None, ...], mesh):
+    """A DTensor Layout from a sharding spec (per dim: the level splitting it, or None)."""
+    from tensorflow.experimental import dtensor
+    return dtensor.Layout([dtensor.UNSHARDED if level is None else mesh.dim_names[level]
+                           for level in spec], mesh)
 
 
 def optimize(graph_def: graph_pb2.GraphDef, fetches: Sequence[str], *,

@@ -112,3 +112,35 @@ def test_a_dim_split_at_two_levels_has_no_layout():
     with pytest.raises(TofuError, match="split at levels 1 and 2") as caught:
         plan.sharding_spec(twice[0], graph.tensors[twice[0]].shape)
     assert caught.value.node == twice[0]
+
+
+def test_activation_layouts_name_where_the_emitted_step_stores_each_tensor():
+    """Every stored tensor with a layout: each device's DTensor shard of it (the layout's
+    block at the device's mesh coordinates) is the region tofu_tf's partition stores
+    there; the tensors without one are named with the reason."""
+    from tofu_tf.api import optimize, predict
+    from tofu_tf.importer.graphdef_io import import_graph_def
+    from tofu_tf.models import build
+    from tofu_tf.search.topology import coordinates
+    step = build("transformer", optimizer="adam", graph_only=True, batch_size=8)
+    optimized = optimize(step.graph_def, step.fetches, feeds=list(step.feeds), topology="2x4")
+    mesh = dtensor.create_mesh([("x", 2), ("y", 4)], device_type="CPU")
+    layouts, missing = optimized.to_dtensor_activation_layouts(mesh)
+    assert len(layouts) > 100 and all(why for why in missing.values())
+    assert any(l.sharding_specs != [dtensor.UNSHARDED] * l.rank for l in layouts.values())
+    imported = import_graph_def(step.graph_def, step.fetches, feeds=list(step.feeds))
+    _, parts = predict(optimized.plan, imported)
+    ways = (2, 4)
+    for name, layout in layouts.items():
+        shape = optimized.graph.tensors[name].shape
+        for device in range(8):
+            coords = coordinates(device, ways)
+            box = []
+            for dim, spec in enumerate(layout.sharding_specs):
+                if spec == dtensor.UNSHARDED:
+                    box.append((0, shape[dim]))
+                else:
+                    level = mesh.dim_names.index(spec)
+                    size = shape[dim] // ways[level]
+                    box.append((coords[level] * size, (coords[level] + 1) * size))
+            assert tuple(box) == tuple(parts.stored[name][device]), (name, device)
