@@ -301,6 +301,17 @@ class PartitionedFunction:
         return [(self._variables[name], layout) for name, layout in layouts.items()
                 if name in self._variables]
 
+    def train(self, data, steps: int | None = None) -> list:
+        """One step per element of `data` (a tf.data.Dataset, or any iterable or iterator
+        of argument tuples), at most `steps`; the step's outputs, in order."""
+        outputs = []
+        for element in data:
+            if steps is not None and len(outputs) >= steps:
+                break
+            outputs.append(self(*(element if isinstance(element, (tuple, list))
+                                   else (element,))))
+        return outputs
+
     def write_back(self) -> None:
         """The current unpartitioned values into the original variables."""
         self._require_built()

@@ -151,6 +151,29 @@ def test_fed_from_a_dataset():
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-9, atol=1e-12)
 
 
+def test_train_takes_a_dataset_iterator():
+    """`partitioned.train(iterator)`: a step per batch until the iterator ends (or `steps`),
+    with each device fed its own share of the batch (Options.shard_feeds)."""
+    with keras_float("float64"):
+        reference, reference_step, _ = _train_step(_functional)
+        mine, my_step, _ = _train_step(_functional)
+    rng = np.random.default_rng(4)
+    data = tf.data.Dataset.from_tensor_slices((
+        rng.normal(size=(40, 20)), rng.integers(0, 10, 40).astype(np.int32),
+        rng.normal(size=(40, 3)))).batch(8, drop_remainder=True)
+    partitioned = tofu_tf.function(my_step, num_devices=4,
+                                   options=tofu_tf.Options(shard_feeds=True))
+    got = partitioned.train(iter(data), steps=4)
+    whole = tf.function(reference_step)
+    want = [whole(*batch) for batch in data.take(4)]
+    assert len(got) == 4
+    np.testing.assert_allclose([g.numpy() for g in got], [w.numpy() for w in want],
+                               rtol=1e-9, atol=1e-12)
+    partitioned.write_back()
+    for a, b in zip(mine.weights, reference.weights):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-9, atol=1e-12)
+
+
 def test_keras_fit_through_a_train_step_override():
     """`model.fit` with `tofu_tf.KerasTrainStep` mixed in: 2 epochs of 4 batches on 4
     devices end with the weights Keras's own train_step reaches."""
