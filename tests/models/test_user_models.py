@@ -106,14 +106,20 @@ def _train_step(build):
     return model, step, batch
 
 
-@pytest.mark.parametrize("build,devices", [(_subclassed, 4), (_functional, 6)],
-                         ids=["subclassed-custom-layer", "functional-shared-two-outputs"])
-def test_user_model_trains_like_tf_function(build, devices):
+REWRITTEN = tofu_tf.Options(early_updates=True, recompute=tofu_tf.Recompute.CHEAP)
+
+
+@pytest.mark.parametrize("build,devices,options", [
+    (_subclassed, 4, tofu_tf.Options()), (_functional, 6, tofu_tf.Options()),
+    (_subclassed, 8, REWRITTEN)],
+    ids=["subclassed-custom-layer", "functional-shared-two-outputs",
+         "subclassed-rewritten-keras-adam"])
+def test_user_model_trains_like_tf_function(build, devices, options):
     with keras_float("float64"):
         reference, reference_step, batch = _train_step(build)
         mine, my_step, _ = _train_step(build)
     assert all(w.dtype == "float64" for w in mine.weights)
-    partitioned = tofu_tf.function(my_step, num_devices=devices)
+    partitioned = tofu_tf.function(my_step, num_devices=devices, options=options)
     whole = tf.function(reference_step)
     rng = np.random.default_rng(1)
     for _ in range(3):
@@ -124,6 +130,8 @@ def test_user_model_trains_like_tf_function(build, devices):
         np.testing.assert_allclose(got, whole(*args).numpy(), rtol=1e-9, atol=1e-12)
     optimized = partitioned.optimized
     assert optimized.num_devices == devices and optimized.ledger.step_bytes > 0
+    assert optimized.plan.early_updates == options.early_updates
+    assert bool(optimized.plan.recompute) == (options.recompute is tofu_tf.Recompute.CHEAP)
     partitioned.write_back()
     for got, want in zip(mine.weights, reference.weights):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-9, atol=1e-12,
