@@ -93,7 +93,7 @@ def table(stored: dict) -> str:
             [[mix, row["recomputed_ops"], f"{row['smallest_peak'] / GIB:.2f}"] +
              [f"{cell['seconds'] * 1e3:.1f}" if cell else "does not fit"
               for cell in (fastest(row, b * GIB) for b in stored["budgets_gib"])]
-             for mix, row in mixes.items()]), ""]
+             for mix, row in ((m, mixes[m]) for m in MIXES if m in mixes)]), ""]
         chosen = []
         for b in stored["budgets_gib"]:
             fits = [(fastest(row, b * GIB)["seconds"], mix, fastest(row, b * GIB))
@@ -119,11 +119,11 @@ def plot(stored: dict) -> None:
     import matplotlib.pyplot as plt
     configs = stored.get("configs", {})
     fig, axes = plt.subplots(1, len(configs), figsize=(6 * len(configs), 4.5), squeeze=False)
+    colors = dict(zip(MIXES, ("tab:red", "tab:green", "tab:blue", "tab:orange")))
     for ax, (name, mixes) in zip(axes[0], configs.items()):
-        for mix, row in mixes.items():
-            points = sorted((p["peak"] / GIB, p["seconds"] * 1e3) for p in row["points"])
-            if points:
-                ax.plot(*zip(*points), marker="o", label=mix)
+        for mix in (m for m in MIXES if m in mixes):
+            points = sorted((p["peak"] / GIB, p["seconds"] * 1e3) for p in mixes[mix]["points"])
+            ax.plot(*zip(*points), marker="o", label=mix, color=colors[mix])
         ax.set_title(f"{name}, {stored.get('devices', 8)} devices")
         ax.set_xlabel("estimated peak per device (GiB)")
         ax.set_ylabel(f"predicted step (ms, {stored.get('profile')})")
