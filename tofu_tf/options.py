@@ -107,9 +107,14 @@ class Options:
     # Forward ops recomputed in the backward pass (AUTO needs a memory budget, and may
     # also move the updates early).
     recompute: Recompute = Recompute.NONE
-    # The device profile (search/simulate.PROFILES) on which Recompute.AUTO predicts the
-    # step time of each mix that fits, to keep the fastest.
+    # The device profile (search/simulate.PROFILES) on which Recompute.AUTO and
+    # `fastest_step` predict step times.
     step_profile: str = "this_cpu"
+    # Among the plans the search gives at a few memory weights (bytes moved per byte
+    # stored: a plan that stores less also replicates less work), keep the one predicted
+    # fastest on `step_profile` (within the budget, if any) instead of the one moving the
+    # fewest bytes, which may run replicated work to save a few bytes.
+    fastest_step: bool = False
     # Run each optimizer update as soon as its gradient is complete and each gradient sum
     # as a running sum (search/reorder.py): the weight gradients do not all wait for the
     # end of the backward pass.

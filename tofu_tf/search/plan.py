@@ -307,12 +307,41 @@ def _make_plan(graph: Graph, topology: Topology, options: Options) -> Plan:
     if options.recompute is not Recompute.NONE or options.early_updates:
         return _transformed_plan(graph, topology, options)
     start = time.perf_counter()
-    if options.memory_budget_bytes is None:
+    if options.fastest_step:
+        result = _fastest_step(graph, topology, options)
+    elif options.memory_budget_bytes is None:
         result = search(graph, topology, options=options)
     else:
         result = search_within_budget(graph, topology, options)
     plan = plan_from_search(result, graph)
     return dataclasses.replace(plan, search_seconds=time.perf_counter() - start)
+
+
+# Memory weights `Options.fastest_step` searches at (0: the fewest bytes).
+STEP_WEIGHTS = (0.0, 2.0 ** -6, 2.0 ** -2, 1.0, 4.0)
+
+
+def _fastest_step(graph: Graph, topology: Topology, options: Options) -> SearchResult:
+    """The plan predicted fastest on `options.step_profile` among the searches at
+    STEP_WEIGHTS that fit the budget (none fitting: the budgeted search's answer)."""
+    from tofu_tf.search.simulate import PROFILES, plan_step_time
+    if options.step_profile not in PROFILES:
+        raise TofuError(f"no device profile named {options.step_profile!r}.",
+                        fix=f"name one of {', '.join(sorted(PROFILES))}.")
+    profile, cache, deadline = PROFILES[options.step_profile], SearchCache(), deadline_of(options)
+    budget = options.memory_budget_bytes
+    timed = []
+    for weight in STEP_WEIGHTS:
+        result = search(graph, topology, options=options, memory_weight=weight, cache=cache,
+                        deadline=deadline)
+        if budget is None or result.memory.peak_bytes <= budget:
+            seconds = plan_step_time(graph, result, profile).seconds
+            logging.info("memory weight %g: predicted step %.4f s, %s moved", weight, seconds,
+                         human_bytes(result.total_bytes))
+            timed.append((seconds, result.total_bytes, result))
+    if not timed:
+        return search_within_budget(graph, topology, options)
+    return min(timed, key=lambda t: t[:2])[2]
 
 
 def step_graph(graph: Graph, plan: Plan) -> Graph:
