@@ -98,23 +98,10 @@ def test_an_lstms_step_gradients_no_longer_pile_up():
 def test_early_updates_lower_the_peak_tensorflow_measures():
     """The tiny LSTM (its weights shared over 20 steps) with sgd on 4 logical devices: the
     largest device peak TensorFlow's allocator records drops with the estimate."""
-    from tofu_tf.api import optimize
+    from tests.memory.test_recompute import measured_peaks
     from tofu_tf.options import Options
-    from tofu_tf.rewrite.memory import measure, persistent_bytes
-    from tofu_tf.runtime.session import Runner, SingleDevice
     step = build("lstm", optimizer="sgd", graph_only=True, batch_size=8)
-    with SingleDevice(step.graph_def, step.init_op, step.fetches) as single:
-        values = single.values()
-    feeds = dict(zip(step.feeds, step.sample_batch(0)))
-    peaks = []
-    for early in (False, True):
-        optimized = optimize(step.graph_def, step.fetches, feeds=list(step.feeds),
-                             num_devices=4, options=Options(early_updates=early))
-        with Runner(optimized, values) as runner:
-            runner.run(feeds)
-            measured = measure(runner.session, list(optimized.fetches), feeds,
-                               persistent_bytes(optimized.graph_def))
-        peaks.append((max(measured.values()), optimized.plan.peak_bytes))
+    peaks = measured_peaks(step, [Options(), Options(early_updates=True)])
     (measured_plain, estimated_plain), (measured_early, estimated_early) = peaks
     assert estimated_early < estimated_plain
     assert measured_early < measured_plain, peaks
