@@ -39,8 +39,7 @@ def derive_profile(raw: dict, laws: dict) -> dict:
     """The plan simulator's DeviceProfile figures (its per-op law: fixed + flops / (peak x
     efficiency), or bytes / bandwidth) from the TF32 compute laws and the largest copies."""
     rows = raw["rows"]
-    tf32 = [r for r in rows if r["family"] in COMPUTE and r["dtype"] == "tf32" and "graph" in r]
-    peak = max(r["flops"] / r["graph"] for r in tf32)
+    peak = _best_rates(rows)["tf32"]
     compute = [law for k, law in laws.items() if k.split("/")[0] in COMPUTE and k.endswith("tf32")]
     largest = max((r for r in rows if _key(r) == ("elementwise", "add", "float32")),
                   key=lambda r: r["bytes"])
@@ -58,13 +57,19 @@ def derive_profile(raw: dict, laws: dict) -> dict:
     }
 
 
+def _best_rates(rows: list[dict], families=COMPUTE) -> dict[str, float]:
+    """Per dtype, the highest FLOP/s any kernel of `families` reached."""
+    best = defaultdict(float)
+    for r in rows:
+        if r["family"] in families and "graph" in r:
+            best[r["dtype"]] = max(best[r["dtype"]], r["flops"] / r["graph"])
+    return best
+
+
 def _efficiency_rows(rows: list[dict]) -> list[list]:
     """Conv passes at the WResNet shapes: achieved fraction of the dtype's best rate,
     median over the shapes, whole and split 8 ways."""
-    best = defaultdict(float)
-    for r in rows:
-        if r["family"] in COMPUTE and "graph" in r:
-            best[r["dtype"]] = max(best[r["dtype"]], r["flops"] / r["graph"])
+    best = _best_rates(rows)
     cells = defaultdict(list)
     for r in rows:
         if r["family"] == "conv2d" and "graph" in r:
@@ -80,10 +85,7 @@ def _efficiency_rows(rows: list[dict]) -> list[list]:
 
 
 def _matmul_rows(rows: list[dict]) -> list[list]:
-    best = defaultdict(float)
-    for r in rows:
-        if r["family"] == "matmul" and "graph" in r:
-            best[r["dtype"]] = max(best[r["dtype"]], r["flops"] / r["graph"])
+    best = _best_rates(rows, ("matmul",))
     table = defaultdict(dict)
     for r in rows:
         if r["family"] == "matmul" and "graph" in r:

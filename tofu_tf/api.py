@@ -48,7 +48,7 @@ from tofu_tf.importer.graphdef_io import (ImportedGraph, import_concrete_functio
 from tofu_tf.rewrite.ledger import Ledger
 from tofu_tf.rewrite.pricing import predict_bytes
 from tofu_tf.rewrite.verify import verify
-from tofu_tf.runtime.session import Runner
+from tofu_tf.runtime.session import Runner, box_slices
 from tofu_tf.search.plan import Plan, make_plan, step_graph
 from tofu_tf.search.reuse import check_plan
 from tofu_tf.search.topology import Topology, check_fits
@@ -80,7 +80,7 @@ class Optimized:
                 continue
             value = np.asarray(value)
             for placeholder, _, box in self.feed_shards[name]:
-                out[placeholder] = value[tuple(slice(a, b) for a, b in box)]
+                out[placeholder] = value[box_slices(box)]
         return out
 
     @property
@@ -165,7 +165,7 @@ def optimize_imported(imported: ImportedGraph, topology: Topology, *,
     if not given:
         plan = make_plan(imported.graph, topology, options=options)
     if plan.early_updates or plan.recompute:      # the step the plan partitions
-        imported = dataclasses.replace(imported, graph=step_graph(imported.graph, plan))
+        imported = planned_step(imported, plan)
         entries = catalog(imported.graph, strict=options.strict)
     if given:
         check_plan(plan, imported.graph, topology, entries)
@@ -179,6 +179,12 @@ def optimize_imported(imported: ImportedGraph, topology: Topology, *,
     return Optimized(emitted.graph_def, plan, emitted.ledger, emitted.shards,
                      emitted.devices, emitted.fetches, tuple(feeds), imported.graph,
                      emitted.op_nodes, emitted.feed_shards)
+
+
+def planned_step(imported: ImportedGraph, plan: Plan) -> ImportedGraph:
+    """The imported step as `plan` partitions it (search/plan.step_graph: its early
+    updates and recomputed copies, written from the imported NodeDefs)."""
+    return dataclasses.replace(imported, graph=step_graph(imported.graph, plan))
 
 
 def predict(plan: Plan, imported: ImportedGraph, entries=None, *,

@@ -99,11 +99,8 @@ def main(argv) -> int:
         check_fits(graph, topology)
         plan = make_plan(graph, topology, options=_cli.options())
         if FLAGS.predict:
-            import dataclasses
-            from tofu_tf.api import predict
-            from tofu_tf.search.plan import step_graph
-            stepped = dataclasses.replace(imported, graph=step_graph(graph, plan))
-            plan, _ = predict(plan, stepped, options=_cli.options())
+            from tofu_tf.api import planned_step, predict
+            plan, _ = predict(plan, planned_step(imported, plan), options=_cli.options())
         print(plan)
         data = report(plan, graph, topology, with_baselines=FLAGS.baselines,
                       with_ilp=FLAGS.ilp, build_seconds=build_seconds)

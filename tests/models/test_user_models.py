@@ -90,6 +90,13 @@ def _functional():
     return model, loss_of, batch
 
 
+def _assert_same_weights(mine, reference):
+    """Every weight of `mine` equals `reference`'s (float64 tolerance), named if not."""
+    for got, want in zip(mine.weights, reference.weights):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-9, atol=1e-12,
+                                   err_msg=got.path)
+
+
 def _train_step(build):
     import keras
     keras.utils.set_random_seed(0)
@@ -133,9 +140,7 @@ def test_user_model_trains_like_tf_function(build, devices, options):
     assert optimized.plan.early_updates == options.early_updates
     assert bool(optimized.plan.recompute) == (options.recompute is tofu_tf.Recompute.CHEAP)
     partitioned.write_back()
-    for got, want in zip(mine.weights, reference.weights):
-        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-9, atol=1e-12,
-                                   err_msg=got.path)
+    _assert_same_weights(mine, reference)
 
 
 def test_fed_from_a_dataset():
@@ -155,8 +160,7 @@ def test_fed_from_a_dataset():
     assert len(losses) == 4
     np.testing.assert_allclose(*zip(*losses), rtol=1e-9, atol=1e-12)
     partitioned.write_back()
-    for got, want in zip(mine.weights, reference.weights):
-        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-9, atol=1e-12)
+    _assert_same_weights(mine, reference)
 
 
 def test_train_takes_a_dataset_iterator():
@@ -178,8 +182,7 @@ def test_train_takes_a_dataset_iterator():
     np.testing.assert_allclose([g.numpy() for g in got], [w.numpy() for w in want],
                                rtol=1e-9, atol=1e-12)
     partitioned.write_back()
-    for a, b in zip(mine.weights, reference.weights):
-        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-9, atol=1e-12)
+    _assert_same_weights(mine, reference)
 
 
 def test_keras_fit_through_a_train_step_override():
@@ -219,9 +222,7 @@ def test_keras_fit_through_a_train_step_override():
     before = [w.numpy().copy() for w in mine.weights]
     mine.write_back()
     assert any(not np.array_equal(b, w.numpy()) for b, w in zip(before, mine.weights))
-    for got, want in zip(mine.weights, reference.weights):
-        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-9, atol=1e-12,
-                                   err_msg=got.path)
+    _assert_same_weights(mine, reference)
 
 
 def test_keras_fit_without_run_eagerly_names_the_fix():

@@ -25,8 +25,11 @@ CASES = [("mlp", "adam", Recompute.SEGMENTS, {"num_devices": 8}),
          ("transformer", "sgd", Recompute.SEGMENTS, {"num_devices": 8})]
 
 
-@pytest.mark.parametrize("model,optimizer,policy,devices", CASES, ids=[
-    f"{m}-{o}-{p.value}-{next(iter(d.values()))}" for m, o, p, d in CASES])
+def _ids(cases) -> list[str]:
+    return [f"{m}-{o}-{p.value}-{next(iter(d.values()))}" for m, o, p, d in cases]
+
+
+@pytest.mark.parametrize("model,optimizer,policy,devices", CASES, ids=_ids(CASES))
 def test_recomputed_steps_equal_the_unpartitioned_step(model, optimizer, policy, devices):
     optimized = compare(model, optimizer, dtype="float64", options=Options(recompute=policy),
                         **devices)
@@ -58,8 +61,7 @@ EARLY = [("mlp", "adam", Recompute.NONE, {"num_devices": 4}),
          ("transformer", "adam", Recompute.SEGMENTS, {"num_devices": 8})]
 
 
-@pytest.mark.parametrize("model,optimizer,policy,devices", EARLY, ids=[
-    f"{m}-{o}-{p.value}-{next(iter(d.values()))}" for m, o, p, d in EARLY])
+@pytest.mark.parametrize("model,optimizer,policy,devices", EARLY, ids=_ids(EARLY))
 def test_early_updates_equal_the_unpartitioned_step(model, optimizer, policy, devices):
     """Updates moved up to where their gradients are complete (Adam's slots, step count
     and bias corrections, batch norm's moving averages included)."""

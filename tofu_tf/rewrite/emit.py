@@ -486,11 +486,9 @@ class _Emitter:
         t = op.outputs[0]
         if self.shard_feeds:
             box = piece.outputs[0].box
-            shape = tuple(b - a for a, b in box)
-            attrs = {k: v for k, v in node.attr.items() if not k.startswith("_")}
-            attrs["shape"] = attr_value_pb2.AttrValue(shape=tf.TensorShape(shape).as_proto())
-            value = self.out.node("Placeholder", self._name(op.name), piece.device, (), attrs,
-                                  [shape], [self._dtype(t)])[0]
+            value = self.out.node("Placeholder", self._name(op.name), piece.device, (),
+                                  _attrs_of_shape(node, box), [tuple(b - a for a, b in box)],
+                                  [self._dtype(t)])[0]
             self.produced.setdefault(t, [None] * self.n)[piece.device] = _Value(value, box)
             self.feed_shards.setdefault(t, []).append((value.node + ":0", piece.device, box))
             return None
@@ -525,11 +523,9 @@ class _Emitter:
         t = op.outputs[0]
         d = piece.device
         box = self.parts.stored[t][d]
-        attrs = {k: v for k, v in node.attr.items() if not k.startswith("_")}
+        attrs = _attrs_of_shape(node, box)
         shared = node.attr["shared_name"].s.decode() if "shared_name" in node.attr else ""
         name = self._name(op.name)
-        attrs["shape"] = attr_value_pb2.AttrValue(
-            shape=tf.TensorShape([b - a for a, b in box]).as_proto())
         attrs["shared_name"] = attr_value_pb2.AttrValue(
             s=f"{shared or op.name}/tofu_part_{d}".encode())
         handle = self.out.node("VarHandleOp", name, d, (), attrs, [()],
@@ -605,6 +601,15 @@ def _result_shapes(graph: Graph, nodes, handles, op_name: str, local, in_shapes)
 
 
 _PLAIN = frozenset({int, float, bool, str, bytes})      # attr values compared with ==
+
+
+def _attrs_of_shape(node, box: Box) -> dict:
+    """The node's AttrValues with its `shape` attr the box's (a shard's placeholder or
+    variable handle)."""
+    attrs = {k: v for k, v in node.attr.items() if not k.startswith("_")}
+    attrs["shape"] = attr_value_pb2.AttrValue(
+        shape=tf.TensorShape([b - a for a, b in box]).as_proto())
+    return attrs
 
 
 def _local_attrs(op, node, local_attrs) -> dict:

@@ -154,11 +154,7 @@ class Runner(_SessionOwner):
     def run(self, feeds: Mapping[str, np.ndarray], fetches=None, **run_args):
         """`run_args`: Session.run's `options` and `run_metadata` (a traced step)."""
         return self.session.run(list(fetches or self.optimized.fetches),
-                                self._feed_dict(feeds), **run_args)
-
-    def _feed_dict(self, feeds):
-        feed_dict = getattr(self.optimized, "feed_dict", None)
-        return feed_dict(feeds) if feed_dict else dict(feeds)
+                                self.optimized.feed_dict(feeds), **run_args)
 
     def values(self) -> dict[str, np.ndarray]:
         """Every variable, assembled whole from its shards."""
@@ -192,7 +188,7 @@ class WrappedRunner:
                     variable = tf.Variable(np.asarray(values[name])[box_slices(shard.box)])
                 self.shards[(name, shard.device)] = variable
                 handles.append(wrapped.graph.get_tensor_by_name(shard.handle + ":0"))
-        shards = getattr(optimized, "feed_shards", {})
+        shards = optimized.feed_shards
         self._inputs = [(name, box) for name in optimized.feeds
                         for _, _, box in shards.get(name, ((name, 0, None),))]
         feeds = [wrapped.graph.get_tensor_by_name(placeholder) for name in optimized.feeds

@@ -324,11 +324,8 @@ STEP_WEIGHTS = (0.0, 2.0 ** -6, 2.0 ** -2, 1.0, 4.0)
 def _fastest_step(graph: Graph, topology: Topology, options: Options) -> SearchResult:
     """The plan predicted fastest on `options.step_profile` among the searches at
     STEP_WEIGHTS that fit the budget (none fitting: the budgeted search's answer)."""
-    from tofu_tf.search.simulate import PROFILES, plan_step_time
-    if options.step_profile not in PROFILES:
-        raise TofuError(f"no device profile named {options.step_profile!r}.",
-                        fix=f"name one of {', '.join(sorted(PROFILES))}.")
-    profile, cache, deadline = PROFILES[options.step_profile], SearchCache(), deadline_of(options)
+    from tofu_tf.search.simulate import plan_step_time
+    profile, cache, deadline = _step_profile(options), SearchCache(), deadline_of(options)
     budget = options.memory_budget_bytes
     timed = []
     for weight in STEP_WEIGHTS:
@@ -342,6 +339,15 @@ def _fastest_step(graph: Graph, topology: Topology, options: Options) -> SearchR
     if not timed:
         return search_within_budget(graph, topology, options)
     return min(timed, key=lambda t: t[:2])[2]
+
+
+def _step_profile(options: Options):
+    """The device profile `options.step_profile` names (a TofuError naming the choices)."""
+    from tofu_tf.search.simulate import PROFILES
+    if options.step_profile not in PROFILES:
+        raise TofuError(f"no device profile named {options.step_profile!r}.",
+                        fix=f"name one of {', '.join(sorted(PROFILES))}.")
+    return PROFILES[options.step_profile]
 
 
 def step_graph(graph: Graph, plan: Plan) -> Graph:
@@ -364,16 +370,14 @@ def _transformed_plan(graph: Graph, topology: Topology, options: Options) -> Pla
     from tofu_tf.op_semantics.catalog import catalog
     from tofu_tf.search.recompute import candidates, recompute
     from tofu_tf.search.reorder import updates_early
-    from tofu_tf.search.simulate import PROFILES, plan_step_time
+    from tofu_tf.search.simulate import plan_step_time
     start = time.perf_counter()
     mixes = [(options.early_updates, options.recompute)]
     if options.recompute is Recompute.AUTO:
         if options.memory_budget_bytes is None:
             raise TofuError("recompute=auto chooses by the memory budget, and none is set.",
                             fix="set Options.memory_budget_bytes, or name a policy.")
-        if options.step_profile not in PROFILES:
-            raise TofuError(f"no device profile named {options.step_profile!r}.",
-                            fix=f"name one of {', '.join(sorted(PROFILES))}.")
+        profile = _step_profile(options)
         mixes = [(early, policy) for policy in (Recompute.NONE, Recompute.CHEAP,
                                                 Recompute.SEGMENTS)
                  for early in dict.fromkeys((options.early_updates, True))]
@@ -390,8 +394,7 @@ def _transformed_plan(graph: Graph, topology: Topology, options: Options) -> Pla
             else:
                 result = search_within_budget(rewritten, topology, plain)
                 plan = plan_from_search(result, rewritten)
-                seconds = plan_step_time(rewritten, result,
-                                         PROFILES[options.step_profile]).seconds
+                seconds = plan_step_time(rewritten, result, profile).seconds
         except PlanInfeasibleError as e:
             if e.best_peak_bytes is None:           # not a budget (a time limit): say so
                 raise

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Collection, Mapping
+from typing import Collection
 
 from tofu_tf.graph import Graph, Op, Role, split_tensor_name
 from tofu_tf.op_semantics.tdl import Reduce
@@ -91,14 +91,9 @@ def recompute(graph: Graph, ops: Collection[str]) -> Graph:
             op = dataclasses.replace(op, inputs=tuple(renamed.get(t, t) for t in op.inputs))
             trigger = op.name
         order.append(op)
+    # (constant values belong to Const outputs, which are never copied)
     return Graph(order, tensors.values(), fetches=graph.fetches,
-                 variables=graph.variables.values(), constants=_constants(graph, renamed))
-
-
-def _constants(graph: Graph, renamed: Mapping[str, str]) -> dict:
-    constants = dict(graph.constants)
-    constants.update({renamed[t]: v for t, v in graph.constants.items() if t in renamed})
-    return constants
+                 variables=graph.variables.values(), constants=graph.constants)
 
 
 def _contractions(graph: Graph, entries) -> list[str]:
