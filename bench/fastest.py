@@ -1,13 +1,15 @@
-"""The fewest bytes or the fastest predicted step: both plans timed on this machine.
+"""The fewest bytes, the work priced, or the fastest predicted step: each plan timed here.
 
     python bench/fastest.py                          # the medium configs, 3 rounds
     python bench/fastest.py --configs=lstm-4-1024 --rounds=5
 
-For each config of bench/common.CONFIGS at `--devices` logical CPU devices: the default plan
-(the fewest bytes moved) and `Options(fastest_step=True)` (among the plans at a few memory
+For each config of bench/common.CONFIGS at `--devices` logical CPU devices, three plans:
+the fewest bytes moved (`Options(flop_bytes=0)`), the default (the search prices the
+computation a replicated op repeats at the step profile's exchange rate,
+`Options.flop_bytes`), and `Options(fastest_step=True)` (among the plans at a few memory
 weights, the one search/simulate.py predicts fastest on `--profile`), each emitted and run
-from the same values. The two take turns, one step each per round after a warm-up step
-(this machine is noisy: a slow spell then hits both alike); the figure is each one's median.
+from the same values. They take turns, one step each per round after a warm-up step (this
+machine is noisy: a slow spell then hits all alike); the figure is each one's median.
 Results: bench/results/fastest.{json,md}.
 """
 
@@ -42,7 +44,8 @@ def run_config(name: str) -> dict:
     with SingleDevice(step.graph_def, step.init_op, step.fetches) as single:
         values = single.values()
     feeds = dict(zip(step.feeds, step.sample_batch(0)))
-    plans = {"fewest bytes": Options(),
+    plans = {"fewest bytes": Options(flop_bytes=0.0, step_profile=FLAGS.profile),
+             "work priced": Options(step_profile=FLAGS.profile),
              "fastest step": Options(fastest_step=True, step_profile=FLAGS.profile)}
     runners, row = {}, {}
     for label, options in plans.items():
@@ -51,6 +54,7 @@ def run_config(name: str) -> dict:
         runners[label] = Runner(optimized, values)
         runners[label].run(feeds)                                    # warm-up
         row[label] = {"bytes_moved": optimized.plan.predicted_bytes,
+                      "search_seconds": optimized.plan.search_seconds,
                       "peak_bytes": optimized.plan.peak_bytes,
                       "nodes": len(optimized.graph_def.node), "times": []}
     for _ in range(FLAGS.rounds):
@@ -64,23 +68,36 @@ def run_config(name: str) -> dict:
     return row
 
 
+LABELS = ("fewest bytes", "work priced", "fastest step")
+
+
 def table(stored: dict) -> str:
     rows = []
     for name, row in stored.get("configs", {}).items():
-        a, b = row["fewest bytes"], row["fastest step"]
-        rows.append([name, f"{a['median_ms']:.1f}", f"{b['median_ms']:.1f}",
-                     f"{a['median_ms'] / b['median_ms']:.2f}x",
-                     f"{a['bytes_moved'] / 2**20:.1f} / {b['bytes_moved'] / 2**20:.1f}",
-                     f"{a['peak_bytes'] / 2**20:.1f} / {b['peak_bytes'] / 2**20:.1f}",
-                     f"{a['nodes']} / {b['nodes']}"])
+        labels = [label for label in LABELS if label in row]
+        base = row["fewest bytes"]["median_ms"]
+
+        def each(fmt) -> str:
+            return " / ".join(fmt(row[label]) for label in labels)
+        rows.append([name, each(lambda r: f"{r['median_ms']:.1f}"),
+                     each(lambda r: f"{base / r['median_ms']:.2f}x"),
+                     each(lambda r: f"{r['bytes_moved'] / 2**20:.1f}"),
+                     each(lambda r: f"{r['peak_bytes'] / 2**20:.1f}"),
+                     each(lambda r: str(r["nodes"])),
+                     each(lambda r: f"{r['search_seconds']:.2f}" if "search_seconds" in r
+                          else "")])
     return "\n\n".join([
-        "# The fewest bytes or the fastest predicted step (bench/fastest.py)",
+        "# The fewest bytes, the work priced, or the fastest predicted step "
+        "(bench/fastest.py)",
         f"Command: `{stored.get('command', '')}`  \nMachine: {stored.get('machine')}",
         f"{stored.get('devices')} logical CPU devices; medians of {stored.get('rounds')} "
-        f"steps each, the two plans taking turns; fastest step predicted on "
-        f"`{stored.get('profile')}`. Speedup: fewest bytes' step / fastest step's.",
-        markdown_table(["config", "fewest bytes ms", "fastest step ms", "speedup",
-                        "MiB moved (bytes / fastest)", "peak MiB per device", "nodes"], rows)])
+        f"steps each, the plans taking turns; repeated work priced and the fastest step "
+        f"predicted on `{stored.get('profile')}`. Each cell: fewest bytes "
+        "(`flop_bytes=0`) / work priced (the default) / fastest step (`fastest_step=True`); "
+        "speedup: the fewest-bytes step over each. Rows with two figures were measured "
+        "before the work was priced (then the default was the fewest bytes).",
+        markdown_table(["config", "step ms", "speedup", "MiB moved", "peak MiB per device",
+                        "nodes", "search s"], rows)])
 
 
 def main(argv) -> int:

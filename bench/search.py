@@ -29,6 +29,7 @@ the yardstick to compare timings from different machines or hours by.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import os
@@ -52,6 +53,9 @@ flags.DEFINE_string("devices", "2,4,6,8", "comma-separated device counts")
 flags.DEFINE_integer("repeats", 3, "search repetitions (the median is reported)")
 flags.DEFINE_bool("baselines", True, "also evaluate the baselines")
 flags.DEFINE_bool("fresh", False, "start from empty results instead of merging")
+flags.DEFINE_float("flop_bytes", 0.0, "configs and gap: Options.flop_bytes of the plans "
+                   "compared (default 0: bytes alone, the baselines' measure; end_to_end "
+                   "and loaded time the default search, repeated work priced)")
 
 
 
@@ -59,9 +63,10 @@ def run_one(graph, devices: int, repeats: int, with_baselines: bool) -> dict:
     from tofu_tf.search.plan import make_plan
     from tofu_tf.search.topology import Topology
     topology = Topology.default(devices)
+    from tofu_tf.options import Options
     seconds, plan = [], None
     for _ in range(repeats):
-        plan = make_plan(graph, topology)
+        plan = make_plan(graph, topology, options=Options(flop_bytes=FLAGS.flop_bytes))
         seconds.append(plan.search_seconds)
     row = {"devices": devices, "num_ops": plan.num_ops, "num_groups": plan.num_groups,
            "search_seconds": statistics.median(seconds),
@@ -203,19 +208,22 @@ def gap() -> dict:
         graph, _ = load(model, {"batch_size": 8})
         for shape in ("2x2", "2x4", "2x2x2"):
             topology = Topology.parse(shape)
-            recursive = search(graph, topology, options=Options(joint_choices=0)).total_bytes
+            options = Options(flop_bytes=FLAGS.flop_bytes)
+            recursive = search(graph, topology, options=dataclasses.replace(
+                options, joint_choices=0)).total_bytes
             start = time.perf_counter()
-            plan = search(graph, topology)
+            plan = search(graph, topology, options=options)
             row = {"recursive_bytes": recursive, "search_bytes": plan.total_bytes,
                    "search_joint": plan.joint, "search_seconds": time.perf_counter() - start}
             out[f"{model}@{shape}"] = row
             try:
-                joint = joint_model(graph, topology)
+                joint = joint_model(graph, topology, options=options)
             except Exception as err:          # joint domains past their bound: say so
                 row["error"] = str(err)
                 continue
             best = joint.solve()
-            under = recursion_under(graph, topology, joint.first_level(best.leaves))
+            under = recursion_under(graph, topology, joint.first_level(best.leaves),
+                                    options=options)
             row.update({"joint_bytes": best.cost, "gap": (recursive - best.cost) / recursive,
                         "search_gap": (plan.total_bytes - best.cost) / recursive,
                         "under_joint_level1_bytes": under.total_bytes})

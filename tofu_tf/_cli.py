@@ -20,7 +20,10 @@ flags.DEFINE_bool("recompute", False,
 flags.DEFINE_enum("recompute_policy", None, ["none", "cheap", "segments", "auto"],
                   "a recomputation policy by name instead of --recompute's choice")
 flags.DEFINE_string("step_profile", "this_cpu", "device profile (search/simulate.py) on which "
-                    "--recompute with a budget predicts each mix's step time to keep the fastest")
+                    "--recompute with a budget predicts each mix's step time to keep the "
+                    "fastest, and whose exchange rate prices repeated work")
+flags.DEFINE_float("flop_bytes", None, "bytes moved one flop of repeated computation is worth "
+                   "in the search (default: --step_profile's rate; 0: the fewest bytes)")
 flags.DEFINE_bool("early_updates", False, "run each update as soon as its gradient is "
                   "complete, gradient sums as running sums (tofu_tf/search/reorder.py)")
 flags.DEFINE_string("plan_out", None, "write the full plan (Plan.to_json) here")
@@ -62,7 +65,7 @@ def options(**overrides):
     if FLAGS.recompute_policy:
         policy = Recompute(FLAGS.recompute_policy)
     return Options(memory_budget_bytes=budget, recompute=policy, early_updates=early,
-                   step_profile=FLAGS.step_profile, **overrides)
+                   step_profile=FLAGS.step_profile, flop_bytes=FLAGS.flop_bytes, **overrides)
 
 
 def write_plan(plan, title: str = "", baselines=None, profile=None) -> None:

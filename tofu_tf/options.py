@@ -108,12 +108,18 @@ class Options:
     # also move the updates early).
     recompute: Recompute = Recompute.NONE
     # The device profile (search/simulate.PROFILES) on which Recompute.AUTO and
-    # `fastest_step` predict step times.
+    # `fastest_step` predict step times, and whose exchange rate prices repeated work.
     step_profile: str = "this_cpu"
+    # Bytes moved that one flop of repeated computation is worth in the search's
+    # objective: an op run whole on every part of a k-way cut (`replicate`) computes
+    # k - 1 times its flops more than split. None: the exchange rate of `step_profile`
+    # (its link bandwidth over the FLOP/s its kernels reach); 0: bytes alone (the plan
+    # moving the fewest bytes, whatever it repeats).
+    flop_bytes: float | None = None
     # Among the plans the search gives at a few memory weights (bytes moved per byte
-    # stored: a plan that stores less also replicates less work), keep the one predicted
-    # fastest on `step_profile` (within the budget, if any) instead of the one moving the
-    # fewest bytes, which may run replicated work to save a few bytes.
+    # stored: a plan that stores less also replicates less), keep the one predicted
+    # fastest on `step_profile` (within the budget, if any) instead of the one of least
+    # bytes and work alone.
     fastest_step: bool = False
     # Run each optimizer update as soon as its gradient is complete and each gradient sum
     # as a running sum (search/reorder.py): the weight gradients do not all wait for the

@@ -113,13 +113,15 @@ def _smallest_peak(graph, policy) -> int:
     return caught.value.best_peak_bytes
 
 
-def test_auto_recomputes_only_when_the_budget_needs_it(transformer):
+def test_auto_keeps_the_budget_and_recomputes_where_only_that_fits(transformer):
     _, graph = transformer
     plain = make_plan(graph, num_devices=4)
+    # a loose budget (the plain plan's own peak): the mix predicted fastest within it,
+    # which may recompute (a copy may be stored otherwise than the tensor it copies: on
+    # this tiny Transformer CHEAP is predicted 21% faster than no rewrite)
     loose = make_plan(graph, num_devices=4, options=Options(
         recompute=Recompute.AUTO, memory_budget_bytes=plain.peak_bytes))
-    assert loose.recompute == () and not loose.early_updates
-    assert loose.peak_bytes == plain.peak_bytes
+    assert loose.peak_bytes <= plain.peak_bytes
     # below the smallest peak that partitioning alone reaches, only recomputation fits
     alone, cheap = _smallest_peak(graph, Recompute.NONE), _smallest_peak(graph, Recompute.CHEAP)
     assert cheap < alone

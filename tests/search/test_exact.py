@@ -153,9 +153,9 @@ def test_first_cut_dp_equals_ilp(name, optimizer):
     model = first_cut(name, optimizer)
     by_dp, by_ilp = solve_level(model), ilp_level(model)
     assert by_ilp.exact and by_dp.exact
-    assert math.isclose(by_dp.bytes, by_ilp.bytes, rel_tol=1e-9)
-    print(f"{name}/{optimizer} 4 devices, level 1: DP {by_dp.bytes:.0f} B in "
-          f"{by_dp.seconds:.3f} s, ILP {by_ilp.bytes:.0f} B in {by_ilp.seconds:.3f} s")
+    assert math.isclose(by_dp.cost, by_ilp.cost, rel_tol=1e-9)
+    print(f"{name}/{optimizer} 4 devices, level 1: DP {by_dp.cost:.0f} B in "
+          f"{by_dp.seconds:.3f} s, ILP {by_ilp.cost:.0f} B in {by_ilp.seconds:.3f} s")
 
 
 @pytest.mark.parametrize("name", ["mlp", "lstm"])
@@ -163,7 +163,7 @@ def test_product_linearisation_agrees(name):
     model = first_cut(name)
     found = ilp_minimum(model, form=Linearisation.PRODUCT)
     assert found.optimal
-    assert math.isclose(found.cost, solve_level(model).bytes, rel_tol=1e-9)
+    assert math.isclose(found.cost, solve_level(model).cost, rel_tol=1e-9)
 
 
 def test_ilp_search_solves_every_level_exactly():
@@ -172,7 +172,7 @@ def test_ilp_search_solves_every_level_exactly():
     by_dp = search(graph, Topology.default(4), entries=entries,
                    options=Options(joint_choices=0))
     assert all(level.exact for level in by_ilp.levels)
-    assert math.isclose(by_ilp.levels[0].bytes, by_dp.levels[0].bytes, rel_tol=1e-9)
+    assert math.isclose(by_ilp.levels[0].cost, by_dp.levels[0].cost, rel_tol=1e-9)
 
 
 def test_ilp_out_of_time_raises():
@@ -188,19 +188,19 @@ def _recursive_and_joint(name, optimizer, devices, method=JointMethod.DP):
     result = search(graph, topology, entries=entries, options=Options(joint_choices=0))
     joint = joint_model(graph, topology, entries=entries)
     # the joint pieces, built per op, price the recursive plan exactly as the recursion does
-    assert math.isclose(joint.plan_cost(result), result.total_bytes, rel_tol=1e-9)
+    assert math.isclose(joint.plan_cost(result), result.objective, rel_tol=1e-9)
     best = joint.solve(method)
-    gap = result.total_bytes - best.cost
+    gap = result.objective - best.cost
     print(f"{name}/{optimizer} {devices} devices ({topology}): recursive "
-          f"{result.total_bytes:.0f} B, joint {best.cost:.0f} B, gap {gap:.0f} B "
-          f"({gap / result.total_bytes:.2%}), joint solved in {best.seconds:.2f} s")
+          f"{result.objective:.0f} B, joint {best.cost:.0f} B, gap {gap:.0f} B "
+          f"({gap / result.objective:.2%}), joint solved in {best.seconds:.2f} s")
     return result, best
 
 
 @pytest.mark.parametrize("name,optimizer", REFERENCE)
 def test_joint_optimum_bounds_the_recursive_plan(name, optimizer):
     result, best = _recursive_and_joint(name, optimizer, 4)
-    assert best.cost <= result.total_bytes * (1 + 1e-9)
+    assert best.cost <= result.objective * (1 + 1e-9)
 
 
 def test_joint_dp_and_ilp_agree():
@@ -213,7 +213,7 @@ def test_joint_dp_and_ilp_agree():
 def test_joint_optimum_of_three_levels():
     result, best = _recursive_and_joint("mlp", "sgd", 8)
     assert len(result.levels) == 3
-    assert best.cost <= result.total_bytes * (1 + 1e-9)
+    assert best.cost <= result.objective * (1 + 1e-9)
 
 
 @pytest.mark.parametrize("name,devices", [("mlp", 4), ("lstm", 4), ("wresnet", 4), ("mlp", 8)])
@@ -229,10 +229,10 @@ def test_recursion_under_the_joint_first_level(name, devices):
     assert joint.first_level(joint.plan_leaves(own))[0] == own.levels[0].assignment
     best = joint.solve()
     under = recursion_under(graph, topology, joint.first_level(best.leaves), entries=entries)
-    assert best.cost * (1 - 1e-9) <= under.total_bytes <= own.total_bytes * (1 + 1e-9)
-    assert under.levels[0].bytes >= own.levels[0].bytes * (1 - 1e-9)   # level 1 is exact
+    assert best.cost * (1 - 1e-9) <= under.objective <= own.objective * (1 + 1e-9)
+    assert under.levels[0].cost >= own.levels[0].cost * (1 - 1e-9)   # level 1 is exact
     if devices == 4:       # two levels: the second is exact under any first
-        assert under.total_bytes == pytest.approx(best.cost, rel=1e-9)
+        assert under.objective == pytest.approx(best.cost, rel=1e-9)
 
 
 def test_joint_problem_too_large_raises():

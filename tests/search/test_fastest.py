@@ -17,7 +17,8 @@ from tests.search.test_search import graph_of
 
 
 def _predicted(graph, weight, profile):
-    result = search(graph, Topology.default(8), memory_weight=weight)
+    result = search(graph, Topology.default(8), memory_weight=weight,
+                    options=Options(step_profile=profile.name))
     return plan_step_time(graph, result, profile).seconds, result
 
 

@@ -34,9 +34,9 @@ def _check(graph, entries, topology):
     recursion = search(graph, topology, entries=entries, options=Options(joint_choices=0))
     assert plan.joint
     optimum = joint_optimum(graph, topology, JointMethod.ILP)
-    assert plan.total_bytes == optimum                # whole bytes: tolerance 0
-    assert plan.total_bytes <= recursion.total_bytes
-    assert plan.bytes_per_level[0] >= recursion.bytes_per_level[0]   # level 1 exact alone
+    assert plan.objective == optimum                  # whole bytes: tolerance 0
+    assert plan.objective <= recursion.objective
+    assert plan.levels[0].cost >= recursion.levels[0].cost   # level 1 exact alone
     return plan, recursion
 
 
@@ -45,7 +45,7 @@ def test_the_plan_is_the_joint_ilp_optimum(name, topology):
     graph, entries = graph_of(name)
     plan, recursion = _check(graph, entries, Topology.parse(topology))
     # where the recursion falls short, the joint search is what closes the gap
-    assert plan.total_bytes < recursion.total_bytes
+    assert plan.objective < recursion.objective
 
 
 def test_past_the_limit_the_recursion_plans():
@@ -54,7 +54,7 @@ def test_past_the_limit_the_recursion_plans():
     small = search(graph, topology, entries=entries, options=Options(joint_choices=100))
     recursion = search(graph, topology, entries=entries, options=Options(joint_choices=0))
     assert not small.joint and not recursion.joint
-    assert small.total_bytes == recursion.total_bytes
+    assert small.objective == recursion.objective
 
 
 def test_one_level_is_the_recursion():

@@ -19,6 +19,11 @@ from tofu_tf.search.topology import Topology
 pytestmark = pytest.mark.skipif(not _forking.available(), reason="the platform cannot fork")
 
 
+# The fewest-bytes plans (no price on repeated work) replicate the MLP's variables, so
+# the partitioned policy's child has a plan to return.
+BYTES = Options(flop_bytes=0.0)
+
+
 @pytest.fixture(scope="module")
 def graph():
     step = build("mlp", optimizer="momentum", batch_size=8)
@@ -64,7 +69,7 @@ def test_the_partitioned_policy_runs_in_another_process(graph, forked, monkeypat
         return real(*args, **kwargs)
 
     monkeypatch.setattr(recursive, "_recurse", recording)
-    result = recursive.search(graph, Topology.default(8))
+    result = recursive.search(graph, Topology.default(8), options=BYTES)
     assert result.replicates_variables                 # so the child's result was used
     assert seen == [VariableStorage.REPLICABLE]
 
@@ -84,7 +89,7 @@ def test_an_error_in_the_child_reaches_the_caller_whole(graph, forked, monkeypat
 
     monkeypatch.setattr(recursive, "_recurse", _in_the_child(os.getpid(), fail))
     with pytest.raises(PlanInfeasibleError) as caught:
-        recursive.search(graph, Topology.default(8))
+        recursive.search(graph, Topology.default(8), options=BYTES)
     assert (caught.value.node, caught.value.fix, caught.value.best_peak_bytes) == ("x", "y", 7)
 
 

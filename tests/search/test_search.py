@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from tofu_tf.options import Options
 from tofu_tf.graph import Role
 from tofu_tf.models import build
 from tofu_tf.op_semantics.catalog import catalog
@@ -54,11 +55,13 @@ def test_plan_bytes_are_the_level_models_cost(model):
     """The plan's bytes are what the shared accounting says of the chosen states."""
     graph = graph_of(model)
     topology = Topology.default(4)
-    result = search(graph, topology)
+    result = search(graph, topology, options=Options(joint_choices=0))   # the recursion's
     models = level_models(graph, topology)
     level_model = next(models)
     total, _ = level_model.evaluate(result.levels[0].assignment)
-    assert total == pytest.approx(result.levels[0].bytes)
+    assert total == pytest.approx(result.levels[0].cost)           # bytes and work
+    assert result.levels[0].bytes == pytest.approx(
+        sum(moved for _, _, moved in result.levels[0].breakdown))
     assert all(level.exact for level in result.levels)
     # no tensor the problem forbids replicating is stored replicated
     for tensor, state in result.levels[0].states.items():
@@ -87,9 +90,12 @@ def test_one_cut_beats_every_fixed_rule():
 
 # Each level is solved exactly, given the levels above it; across levels the recursion is
 # myopic (a costlier level 2 can make level 3 cheaper), so on several levels a heuristic
-# can win by a little: transformer at 8 devices, Spartan by 0.8%. The bench records every
-# such gap; this test holds the recursion to within MULTI_LEVEL_SLACK of every baseline.
-MULTI_LEVEL_SLACK = 0.01
+# can win by a little. Bytes alone: transformer at 8 devices, Spartan by 0.8%; with
+# repeated work priced (the default): MLP at 8, layer-wise DP by 3.9% (its level 2 costs
+# 704 B more, its level 3 1656 B less), transformer at 8, Spartan by 2.2%. The bench
+# records every such gap; this test holds the recursion to within MULTI_LEVEL_SLACK of
+# every baseline.
+MULTI_LEVEL_SLACK = 0.05
 
 
 @pytest.mark.parametrize("model", ["mlp", "wresnet", "lstm", "transformer"])
@@ -98,10 +104,10 @@ def test_plan_is_no_worse_than_any_baseline(model, n):
     from tofu_tf.search.baselines import BASELINES
     graph = graph_of(model)
     topology = Topology.default(n)
-    plan_bytes = search(graph, topology).total_bytes
+    plan = search(graph, topology).objective
     slack = 1.0 if len(topology.levels) == 1 else 1.0 + MULTI_LEVEL_SLACK
     for name, baseline in BASELINES.items():
-        assert plan_bytes <= baseline(graph, topology).total_bytes * slack, name
+        assert plan <= baseline(graph, topology).objective * slack, name
 
 
 def test_plan_states_are_the_searched_states():

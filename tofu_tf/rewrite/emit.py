@@ -41,9 +41,9 @@ from tofu_tf.options import Collectives
 from tofu_tf.rewrite import collectives
 from tofu_tf.rewrite.ledger import Ledger
 from tofu_tf.rewrite.nodedefs import GraphBuilder, Ref, dtype_enum
-from tofu_tf.rewrite.partition import (Box, DeviceOp, Partition, contains, fetched_from,
-                                      narrow_update, nonempty, own_shard, partition,
-                                      reducer_identity, shared_prefix)
+from tofu_tf.rewrite.partition import (ON_VALUES, Box, DeviceOp, Partition, contains,
+                                      fetched_from, narrow_update, nonempty, own_shard,
+                                      partition, reducer_identity, shared_prefix)
 from tofu_tf.importer.tf_attrs import to_attr_value
 from tofu_tf.search.cost import box_volume
 from tofu_tf.search.plan import Plan
@@ -248,9 +248,12 @@ class _Emitter:
             if piece is None:
                 return None                   # the device stores none of the variable
         inputs = [self._input(op, piece, i, t) for i, t in enumerate(op.inputs)]
+        op_type, attrs = piece.op_type, _local_attrs(op, node, piece.attrs)
+        if any(t in self.variable_of and inputs[i] != self.handles[(t, d)]
+               for i, t in enumerate(op.inputs)):
+            op_type, attrs, inputs = self._on_values(op, attrs, inputs, d)
         name = self._name(op.name)
-        results = self.out.node(piece.op_type, name, d, inputs,
-                                _local_attrs(op, node, piece.attrs),
+        results = self.out.node(op_type, name, d, inputs, attrs,
                                 self._kernel_shapes(op, piece),
                                 [self._dtype(t) for t in op.outputs],
                                 self._controls(op, d) + self._update_controls(op, piece))
@@ -293,6 +296,9 @@ class _Emitter:
         d = piece.device
         spec = self.graph.tensors[t]
         if t in self.variable_of:
+            if op.type in ON_VALUES and not own_shard(piece, i, self.parts.stored[t][d]) \
+                    and not any(p0 or p1 for p0, p1 in piece.inputs[i].pads):
+                return self._resource_value(t, piece.inputs[i].data, d, op)
             if not own_shard(piece, i, self.parts.stored[t][d]):
                 raise RewriteError(
                     f"input {i} needs the variable region {piece.inputs[i].data} on device "
@@ -533,6 +539,18 @@ class _Emitter:
         self.handles[(t, d)] = handle
         self.shards[op.name] = self.shards.get(op.name, ()) + (Shard(d, box, name),)
         return name
+
+    def _on_values(self, op, attrs: dict, inputs: list[Ref], d: int
+                   ) -> tuple[str, dict, list[Ref]]:
+        """The op that reads the variable's values (`_input` read them off the shards)
+        in place of the one that reads the variable through its handle (ON_VALUES)."""
+        int32 = attr_value_pb2.AttrValue(type=types_pb2.DT_INT32)
+        batch_dims = attrs["batch_dims"].i if "batch_dims" in attrs else 0
+        axis = self.out.const(batch_dims, types_pb2.DT_INT32, d, op.name + "/axis")
+        gather = {"Tparams": attr_value_pb2.AttrValue(type=attrs["dtype"].type),
+                  "Tindices": attrs["Tindices"], "Taxis": int32,
+                  "batch_dims": attr_value_pb2.AttrValue(i=batch_dims)}
+        return ON_VALUES[op.type], gather, list(inputs) + [axis]
 
     def _resource_value(self, t: str, box: Box, d: int, read_op) -> Ref:
         """The variable's values in `box`, read from the shards that hold them — after

@@ -222,6 +222,13 @@ def shared_prefix(a, b) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
 
 
+# Ops that read a variable through its handle, and the op on its values in their place
+# where a device needs more of the variable than its shard (a gather whose indices are
+# split reads the whole table): the emitter reads those values off the shards, after the
+# op's own control inputs, as it does for a ReadVariableOp off its shard.
+ON_VALUES = {"ResourceGather": "GatherV2"}
+
+
 def own_shard(piece: DeviceOp, i: int, stored: Box) -> bool:
     """Whether input i of the device op reads exactly the shard its device stores."""
     read = piece.inputs[i]

@@ -10,6 +10,8 @@ in level 1, chosen by its own cost without the levels below.
 
 from __future__ import annotations
 
+import dataclasses
+
 from tofu_tf.errors import PlanInfeasibleError
 from tofu_tf.graph import Graph
 from tofu_tf.op_semantics.catalog import OpEntry
@@ -45,7 +47,8 @@ def ilp_search(graph: Graph, topology: Topology,
 
 def recursion_under(graph: Graph, topology: Topology,
                     first_level: tuple[tuple[int, ...], dict[str, str]], *,
-                    entries: dict[str, OpEntry] | None = None) -> SearchResult:
+                    entries: dict[str, OpEntry] | None = None,
+                    options: Options = Options()) -> SearchResult:
     """The recursion with level 1 fixed to `first_level` (group state indices into the
     replicable policy's level-1 domains, and op choice labels, as `JointModel.first_level`
     gives them); the levels below are solved as usual. Under the joint optimum's level 1
@@ -59,14 +62,18 @@ def recursion_under(graph: Graph, topology: Topology,
         return solve_level(model) if solved > 1 else fixed_result(model, *first_level)
 
     return search(graph, topology, solver=solver, entries=entries,
-                  options=Options(variable_storage=VariableStorage.REPLICABLE))
+                  options=dataclasses.replace(options,
+                                              variable_storage=VariableStorage.REPLICABLE))
 
 
 def joint_optimum(graph: Graph, topology: Topology,
                   method: JointMethod = JointMethod.DP,
                   time_limit: float = DEFAULT_TIME_LIMIT,
-                  max_joint_choices: int = MAX_JOINT_CHOICES) -> float:
-    """min over all levels' states and choices of c_1 + k_1 c_2 + k_1 k_2 c_3 + ...,
-    in bytes: a lower bound of every recursive plan's total_bytes."""
-    joint = joint_model(graph, topology, max_joint_choices=max_joint_choices)
+                  max_joint_choices: int = MAX_JOINT_CHOICES,
+                  options: Options = Options()) -> float:
+    """min over all levels' states and choices of c_1 + k_1 c_2 + k_1 k_2 c_3 + ...
+    (bytes plus repeated work, search/level.py): a lower bound of every recursive plan's
+    objective."""
+    joint = joint_model(graph, topology, max_joint_choices=max_joint_choices,
+                        options=options)
     return joint.solve(method, time_limit).cost

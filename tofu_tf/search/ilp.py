@@ -2,12 +2,13 @@
 own choices and byte vectors (`LevelModel`).
 Binary x[g,s]: group g stores state s; y[o,c] in [0, 1]: op o runs choice c; v[o,c,g] is
 the sum of the vectors of op o's tensors in group g under c (+inf: a state the choice
-cannot meet; only the joint problem below has those). Two exact linearisations:
+cannot meet; only the joint problem below has those), w[o,c] the choice's work (level.py),
+a cost of y[o,c] in both forms. Two exact linearisations:
 
-  MARGINAL (default): z[o,c,g,s] >= 0 for each finite v[o,c,g,s];  min sum z v  s.t.
+  MARGINAL (default): z[o,c,g,s] >= 0 for each finite v[o,c,g,s];  min sum z v + w y  s.t.
       sum_s x[g,s] = 1,  sum_c y[o,c] = 1,  sum_s z[o,c,g,s] = y[o,c],  sum_c z[o,c,g,s] = x[g,s]
   PRODUCT: m[o,c,g] = min_s v[o,c,g,s], z[o,c,g,s] >= 0 where v - m > 0;
-      min sum y[o,c] sum_g m[o,c,g] + sum z (v - m)  s.t.  one-hot x and y,
+      min sum y[o,c] (w[o,c] + sum_g m[o,c,g]) + sum z (v - m)  s.t.  one-hot x and y,
       z[o,c,g,s] >= y[o,c] + x[g,s] - 1,  y[o,c] <= sum_{s: v finite} x[g,s]
 
 With x binary both force z = y x at the stored states (costs are >= 0), so an op costs
@@ -101,6 +102,7 @@ class _Entries:
     group: list[int] = field(default_factory=list)       # entry -> group
     vectors: list[np.ndarray] = field(default_factory=list)
     choice_op: list[int] = field(default_factory=list)   # y index -> op index
+    work: list[float] = field(default_factory=list)      # y index -> its choice's work
     pair_group: list[int] = field(default_factory=list)  # (op, group) index -> group
 
     def flat(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -127,9 +129,10 @@ def _collect(model: LevelModel) -> _Entries:
         scope = model.op_scope(op)                      # ops touching no group cost 0
         pairs = {g: len(found.pair_group) + i for i, g in enumerate(scope)}
         found.pair_group.extend(scope)
-        for entries in model.vectors[op]:
+        for entries, work in zip(model.vectors[op], model.work(op)):
             y = len(found.choice_op)
             found.choice_op.append(op_index)
+            found.work.append(float(work))
             merged = merged_vectors(model.coarse.group_of, entries)
             for g in scope:
                 found.choice.append(y)
@@ -150,9 +153,9 @@ def _build(model: LevelModel, form: Linearisation) -> _Program:
     np.minimum.at(least, entry[finite], values[finite])
     least[np.isinf(least)] = 0.0              # no finite state: the support row bars it
     choice = np.asarray(found.choice, dtype=np.int64)
-    y_cost = np.zeros(len(found.choice_op))
+    y_cost = np.asarray(found.work, dtype=np.float64)
     if form is Linearisation.PRODUCT:
-        y_cost = np.bincount(choice, weights=least, minlength=len(y_cost))
+        y_cost = y_cost + np.bincount(choice, weights=least, minlength=len(y_cost))
     y = program.add_columns(y_cost, 1.0)
     x_col = offsets[np.asarray(found.group, dtype=np.int64)][entry] + state
     _one_hot_rows(program, domains, x, np.asarray(found.choice_op, dtype=np.int64), y)

@@ -1,6 +1,7 @@
 """The joint problem of all levels (`joint_model`; `exact.joint_optimum` its optimum, and
 `Options.joint_choices` where the search solves it): the recursion fixes level 1 before it
 solves level 2; the joint problem minimises total = c_1 + k_1 c_2 + k_1 k_2 c_3 + ...
+(c_l: level l's bytes plus its choices' work, search/level.py)
 over all levels' states and choices at once. It is a product-domain problem of the same
 form. A group's joint state is a path (X_1, X_2, ...) through its state tree: X_1 a
 level-1 state, X_2 a state of the level-2 tensor shape that X_1 leaves, and so on. An op's
@@ -12,7 +13,7 @@ restricted to one op), so its choices and vectors depend on (c_1, K_1, ..., c_l,
 only. The joint vector of group g is sum_l k_1...k_{l-1} v_l[X_l] on the paths through
 K_1[g], ..., K_{L-1}[g] and +inf elsewhere. `dp.solve` minimises it through the op tables
 (min over joint choices), the ILP (search/ilp.py) through the choices; both are exact and
-must agree. `JointModel.plan_cost` prices a recursive plan in it: equal to its total_bytes.
+must agree. `JointModel.plan_cost` prices a recursive plan in it: equal to its objective.
 `exact.recursion_under` reruns the recursion with level 1 fixed to the joint optimum's
 (`JointModel.first_level`): where it meets the joint optimum, the recursion's gap is
 all in level 1, chosen by its own cost without the levels below.
@@ -43,7 +44,7 @@ from tofu_tf.options import Options, VariableStorage
 from tofu_tf.search import dp
 from tofu_tf.search.coarsen import CoarseGraph, coarsen
 from tofu_tf.search.ilp import DEFAULT_TIME_LIMIT, ilp_minimum, merged_vectors
-from tofu_tf.search.level import LevelModel, level_models
+from tofu_tf.search.level import LevelModel, choice_work, level_models
 from tofu_tf.search.problem import (Choice, Problem, ProblemOp, SearchCache, TensorSpec,
                                     clamp_box, cost_vectors, fetch_extra, make_choice,
                                     may_replicate, output_spec, sub_problem)
@@ -114,6 +115,7 @@ class _Context:
     vectors, summed per group."""
     problem: Problem                           # the op alone, with its tensors
     vectors: list[dict[int, np.ndarray]]       # per choice: group -> bytes per state
+    work: np.ndarray                           # per choice: its work (level.choice_work)
 
     @property
     def op(self) -> ProblemOp:
@@ -134,6 +136,7 @@ class _Walk:
     coarse: CoarseGraph
     ways: tuple[int, ...]
     limit: int                                         # most joint choices in all
+    flop_bytes: float                                  # the price of repeated work
     local_ops: dict = field(default_factory=dict)      # (id(op), choice) -> (op, local op)
     contexts: dict = field(default_factory=dict)       # (id(local op), shapes) -> _Context
     templates: dict = field(default_factory=dict)      # id(local op) -> (op, choices, whole)
@@ -151,7 +154,7 @@ class _Walk:
         problem = Problem(model.problem.k, [op], tensors, self.base.replicable,
                           self.base.replicate_below, {op.name: model.problem.choices[op.name]})
         return _Context(problem, [merged_vectors(self.coarse.group_of, entries)
-                                  for entries in model.vectors[op.name]])
+                                  for entries in model.vectors[op.name]], model.work(op.name))
 
     def next(self, context: _Context, choice: int, states: dict[str, OutputState],
              level: int) -> _Context:
@@ -182,7 +185,7 @@ class _Walk:
         vectors = [merged_vectors(self.coarse.group_of, [(tensor, self.vectors[key]) for
                                                   (_, tensor), key in zip(_slots(c, op), row)])
                    for c, row in zip(chosen, keys)]
-        return _Context(problem, vectors)
+        return _Context(problem, vectors, choice_work(k, op, chosen, self.flop_bytes))
 
     def _templates(self, problem: Problem, op: ProblemOp) -> list[Choice]:
         """`build_choices` for the op, on unbounded shapes (clamped by the caller)."""
@@ -233,6 +236,8 @@ def _joint_choices(walk: "_Walk", context: _Context, scope: tuple[int, ...],
     for choice, merged in enumerate(context.vectors):
         here = [scale * merged.get(g, np.zeros(len(tree.states)))
                 for g, tree in zip(scope, trees)]
+        if here and context.work[choice]:          # the choice's work, on its first group
+            here[0] = here[0] + scale * context.work[choice]
         if level == len(walk.ways) - 1:
             walk.count(1, context)
             out.append(((context.label(choice),), here))
@@ -315,7 +320,7 @@ class JointModel:
 
     def plan_cost(self, result: SearchResult) -> float:
         """The joint objective of a recursive plan's own states and choices; equals its
-        total_bytes when the joint pieces match sub_problem."""
+        total_bytes plus total_work when the joint pieces match sub_problem."""
         leaves, total = self.plan_leaves(result), 0.0
         for op, choices in self.model.vectors.items():
             scope = self.model.op_scope(op)
@@ -402,7 +407,7 @@ def joint_model(graph: Graph, topology: Topology, *,
             raise JointTooLarge.of(f"at least {least}, more than {max_joint_choices},", ways)
     trees = tuple(state_tree(base.tensors[members[0]], base, ways)
                   for members in coarse.members)
-    walk = _Walk(base, coarse, ways, max_joint_choices)
+    walk = _Walk(base, coarse, ways, max_joint_choices, root.flop_bytes)
     vectors, keys = {}, {}
     for op in base.ops:
         scope = scopes[op.name]

@@ -4,11 +4,15 @@
 evaluates assignments through it, so their numbers compare like with like:
 
     cost(states) = sum over ops of  min over the op's choices c of
-                   sum over the op's tensors t of  vector[c][t][state of t's group]
+                   work[c] + sum over the op's tensors t of  vector[c][t][state of t's group]
 
-where the vectors are bytes (cost.py). `solve_level` minimises it exactly with dp.solve.
+where the vectors are bytes (cost.py) and work[c] prices the computation a choice repeats:
+an op run whole on every one of the k parts (`replicate`) instead of split does k - 1
+times its flops more, priced at `flop_bytes` bytes per flop (whole bytes; 0: the plan
+moving the fewest bytes, whatever it computes). `solve_level` minimises it exactly with
+dp.solve; a LevelResult keeps its bytes and its work apart.
 
-Ties. Bytes are whole numbers, and many assignments move the same bytes: a bias stored
+Ties. Bytes (and work) are whole numbers, and many assignments move the same bytes: a bias stored
 Split, gathered for the forward op and reduce-scattered from its gradient, moves what it
 moves stored R and all-reduced. Among the byte-optimal assignments the search takes one with
 the fewest transfers (an op's entry moving bytes > 0 counts one; each has a latency):
@@ -37,9 +41,10 @@ from tofu_tf.op_semantics.catalog import OpEntry, catalog
 from tofu_tf.options import Options, VariableStorage
 from tofu_tf.search import dp
 from tofu_tf.search.coarsen import CoarseGraph, coarsen
-from tofu_tf.search.problem import (OpVectors, Problem, SearchCache, build_choices,
-                                    cost_vectors, part0_shape, root_problem, sub_problem,
-                                    tensor_at)
+from tofu_tf.search.problem import (REPLICATE, Choice, OpVectors, Problem, ProblemOp,
+                                    SearchCache, build_choices, cost_vectors, part0_shape,
+                                    root_problem, sub_problem, tensor_at)
+from tofu_tf.search.profiles import flop_bytes, op_flops
 from tofu_tf.search.topology import Topology
 
 
@@ -49,16 +54,33 @@ class LevelModel:
     coarse: CoarseGraph
     vectors: OpVectors                                        # op -> choice -> [(tensor, bytes)]
     domains: list[int]                                        # group -> number of states
+    flop_bytes: float = 0.0                                   # bytes one repeated flop costs
     _tables: dict = field(default_factory=dict, repr=False)
     _shared: dict = field(default_factory=dict, repr=False)
+    _work: dict = field(default_factory=dict, repr=False)
 
     @staticmethod
-    def build(problem: Problem, coarse: CoarseGraph) -> "LevelModel":
+    def build(problem: Problem, coarse: CoarseGraph, flop_bytes: float = 0.0
+              ) -> "LevelModel":
         if not problem.choices:
             build_choices(problem)
         vectors = cost_vectors(problem)
         domains = [len(problem.states(members[0])) for members in coarse.members]
-        return LevelModel(problem, coarse, vectors, domains)
+        return LevelModel(problem, coarse, vectors, domains, flop_bytes)
+
+    def work(self, op: str) -> np.ndarray:
+        """Per choice of `op`, the bytes its repeated computation costs (module docstring):
+        (k - 1) x the local op's flops x flop_bytes for `replicate`, else 0. Equal
+        geometries share one array."""
+        if self.problem is None or not self.flop_bytes:
+            return np.zeros(len(self.vectors[op]))
+        key = self.problem.geometries.get(op)
+        found = self._work.get(key if key is not None else op)
+        if found is None:
+            found = self._work[key if key is not None else op] = choice_work(
+                self.problem.k, self.vectors.ops[op], self.problem.choices[op],
+                self.flop_bytes)
+        return found
 
     def group_states(self, group: int) -> tuple[OutputState, ...]:
         return self.problem.states(self.coarse.members[group][0])
@@ -110,7 +132,7 @@ class LevelModel:
         return (used, *_min_table(
             [[(used.index(r), v) for r, (_, v) in zip(row, entries)]
              for row, entries in zip(ranks, positional)],
-            [self.domains[distinct[r]] for r in used]))
+            [self.domains[distinct[r]] for r in used], self.work(op)))
 
     def _named_table(self, op: str):
         """op_table from plain {op: [[(tensor, vector)]]} vectors (models built by hand)."""
@@ -199,14 +221,24 @@ class LevelModel:
         return out
 
 
+def choice_work(k: int, op: ProblemOp, choices: list[Choice], flop_bytes: float
+                ) -> np.ndarray:
+    """Per choice, whole bytes for the flops `replicate` repeats on k parts (module
+    docstring): (k - 1) x the op's flops x flop_bytes; 0 for a split."""
+    repeated = round((k - 1) * op_flops(op.sem) * flop_bytes)
+    return np.array([repeated if c.label == REPLICATE else 0 for c in choices],
+                    dtype=np.float64)
+
+
 def _squeeze(table: np.ndarray) -> tuple[tuple[int, ...], np.ndarray]:
     """(axes with more than one state, the table on those axes)."""
     axes = tuple(i for i, n in enumerate(table.shape) if n > 1)
     return axes, table.reshape([table.shape[i] for i in axes])
 
 
-def _min_table(per_choice: list[list[tuple[int, np.ndarray]]], shape: list[int]):
-    """Over choices of the sum of each choice's (axis, vector) terms: the min, the
+def _min_table(per_choice: list[list[tuple[int, np.ndarray]]], shape: list[int],
+               work: np.ndarray | None = None):
+    """Over choices of `work` plus the sum of each choice's (axis, vector) terms: the min, the
     argmin (least bytes, then fewest terms moving bytes > 0, then the first choice) and
     that choice's number of such terms (its transfers).
 
@@ -233,6 +265,8 @@ def _min_table(per_choice: list[list[tuple[int, np.ndarray]]], shape: list[int])
     else:
         tables = np.zeros((n_choices, cells))
         transfers = np.zeros((n_choices, cells), dtype=np.int64)
+    if work is not None and work.any():
+        tables = tables + work.reshape(-1, 1)
     least = tables.min(axis=0)
     argmin = np.where(tables == least, transfers, _MOST).argmin(axis=0)
     chosen = transfers[argmin, np.arange(cells)]
@@ -263,6 +297,12 @@ class LevelResult:
     exact: bool
     seconds: float
     breakdown: tuple[tuple[str, str, float], ...] = ()   # (op, tensor, bytes), bytes > 0
+    work: float = 0.0                     # the chosen choices' work (bytes for flops)
+
+    @property
+    def cost(self) -> float:
+        """The level's objective: bytes moved plus work."""
+        return self.bytes + self.work
 
 
 def solve_level(model: LevelModel, max_table: int = dp.MAX_TABLE,
@@ -294,18 +334,23 @@ def result_of(model: LevelModel, assignment, exact: bool, seconds: float,
               chosen: dict[str, int] | None = None) -> LevelResult:
     """The level's result under a group assignment: each op's cheapest choice under it,
     or the op -> choice index given as `chosen`."""
-    if chosen is None:
-        total, chosen = model.evaluate(assignment)
+    evaluated = chosen is None
+    if evaluated:
+        total, chosen = model.evaluate(assignment)       # bytes and work
     else:
         total = sum(moved for op, c in chosen.items()
                     for _, moved in model.moved(op, c, assignment))
+    work = (float(sum(model.work(op)[c] for op, c in chosen.items()))
+            if model.flop_bytes else 0.0)
+    if evaluated:
+        total -= work
     states = {t: model.group_states(g)[assignment[g]]
               for g, members in enumerate(model.coarse.members) for t in members}
     labels = {op: model.problem.choices[op][c].label for op, c in chosen.items()}
     breakdown = [(op, tensor, moved) for op, c in chosen.items()
                  for tensor, moved in model.moved(op, c, assignment)]
     return LevelResult(model.problem.k, tuple(assignment), states, labels, total, exact,
-                       seconds, tuple(breakdown))
+                       seconds, tuple(breakdown), work)
 
 
 def variable_tensors(graph: Graph, coarse: CoarseGraph) -> frozenset[str]:
@@ -327,8 +372,9 @@ def level_models(graph: Graph, topology: Topology, entries: dict[str, OpEntry] |
     problem: Problem = root_problem(graph, entries, topology.levels[0].ways,
                                     replicable=replicable,
                                     replicate_below=options.replicate_below, cache=cache)
+    price = flop_bytes(options)
     for index, level in enumerate(topology.levels):
-        model = LevelModel.build(problem, coarse)
+        model = LevelModel.build(problem, coarse, price)
         result = yield model
         if index + 1 < len(topology.levels):
             problem = sub_problem(problem, result.states, result.choices,

@@ -7,7 +7,9 @@ the problem inside part 0 of the last cut). An op whose local input is not exact
 stored part reads an assembled copy (what the other devices sent, plus its own part),
 live while the op runs; an op whose local output is larger than the stored part (a
 partial sum, a replicated computation) holds that whole output until it is reduced or cut
-down. These two stand in for the communication buffers of the emitted graph.
+down. These two stand in for the communication buffers of the emitted graph. A fed tensor
+is held whole: device 0 takes the whole feed and sends the other parts (with
+`Options.shard_feeds` each device takes its part, and the estimate is that much high).
 
 `single_device_peak` is the same model on the unpartitioned graph. `tofu_tf.rewrite.memory`
 gives the emitted graph's per-device figures, and the tests hold the two close.
@@ -66,6 +68,9 @@ def _estimate(graph: Graph, tensors, local, cpu: bool, explain: int) -> PlanMemo
 
 def _node(graph: Graph, op, tensors, sem, cpu: bool) -> Node:
     specs = [tensors[t] for t in op.outputs]
+    if op.role is Role.INPUT:          # fed whole to device 0, which cuts and sends it
+        specs = [TensorSpec(t, graph.tensors[t].shape, graph.tensors[t].dtype)
+                 for t in op.outputs]
     if op.role in PERSISTENT_ROLES:
         held = sum(_bytes(s.shape, s.dtype) for s in specs)
         return Node(op.name, "0", op.inputs, tuple((s.name, 0, s.dtype) for s in specs),

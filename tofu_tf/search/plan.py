@@ -48,6 +48,9 @@ class LevelPlan:
     bytes: float                         # one group's cut
     exact: bool
     transfers: tuple[Transfer, ...] = ()
+    # One group's price of the computation its replicated ops repeat, in bytes
+    # (search/level.py, Options.flop_bytes): what the search weighed against `bytes`.
+    work: float = 0.0
 
     @property
     def total_bytes(self) -> float:
@@ -207,7 +210,9 @@ class Plan:
             lines.append(f"  level {i + 1}: {level.ways}-way cut x {level.groups} group(s): "
                          f"{human_bytes(level.total_bytes)}"
                          + (f" (emitted step: {human_bytes(self.predicted_per_level[i])})"
-                            if self.predicted_per_level else ""))
+                            if self.predicted_per_level else "")
+                         + (f"; repeated work priced as {human_bytes(level.groups * level.work)}"
+                            if level.work else ""))
         lines.append("  heaviest tensor groups:")
         for g, total, transfers in self.heaviest_groups():
             top = transfers[0]
@@ -241,7 +246,7 @@ def plan_from_search(result: SearchResult, graph: Graph) -> Plan:
         levels.append(LevelPlan(
             spec.ways, spec.bandwidth, spec.latency, groups, group_states,
             dict(level.choices), level.bytes, level.exact,
-            tuple(Transfer(op, t, b) for op, t, b in level.breakdown)))
+            tuple(Transfer(op, t, b) for op, t, b in level.breakdown), level.work))
     peak = result.memory.peak_bytes if result.memory is not None else 0
     single = result.unpartitioned or single_device_peak(graph)
     return Plan(tuple((lvl.ways, lvl.bandwidth, lvl.latency) for lvl in result.topology.levels),
@@ -297,8 +302,9 @@ def search_within_budget(graph: Graph, topology: Topology, options: Options) -> 
 
 def make_plan(graph: Graph, topology: Topology | None = None, *, num_devices: int | None = None,
               options: Options = Options()) -> Plan:
-    """Search the communication-minimal plan of `graph` over `topology` (or num_devices);
-    with `options.memory_budget_bytes`, the least-communication plan found that fits."""
+    """Search the plan of `graph` over `topology` (or num_devices) that moves the fewest
+    bytes, repeated computation priced in bytes (`Options.flop_bytes`); with
+    `options.memory_budget_bytes`, the least such plan found that fits."""
     with paused_gc():      # the plan's memory figures walk the whole graph too
         return _make_plan(graph, topology or Topology.default(num_devices), options)
 
@@ -324,8 +330,8 @@ STEP_WEIGHTS = (0.0, 2.0 ** -6, 2.0 ** -2, 1.0, 4.0)
 def _fastest_step(graph: Graph, topology: Topology, options: Options) -> SearchResult:
     """The plan predicted fastest on `options.step_profile` among the searches at
     STEP_WEIGHTS that fit the budget (none fitting: the budgeted search's answer)."""
-    from tofu_tf.search.simulate import plan_step_time
-    profile, cache, deadline = _step_profile(options), SearchCache(), deadline_of(options)
+    from tofu_tf.search.simulate import plan_step_time, step_profile
+    profile, cache, deadline = step_profile(options), SearchCache(), deadline_of(options)
     budget = options.memory_budget_bytes
     timed = []
     for weight in STEP_WEIGHTS:
@@ -339,15 +345,6 @@ def _fastest_step(graph: Graph, topology: Topology, options: Options) -> SearchR
     if not timed:
         return search_within_budget(graph, topology, options)
     return min(timed, key=lambda t: t[:2])[2]
-
-
-def _step_profile(options: Options):
-    """The device profile `options.step_profile` names (a TofuError naming the choices)."""
-    from tofu_tf.search.simulate import PROFILES
-    if options.step_profile not in PROFILES:
-        raise TofuError(f"no device profile named {options.step_profile!r}.",
-                        fix=f"name one of {', '.join(sorted(PROFILES))}.")
-    return PROFILES[options.step_profile]
 
 
 def step_graph(graph: Graph, plan: Plan) -> Graph:
@@ -370,14 +367,14 @@ def _transformed_plan(graph: Graph, topology: Topology, options: Options) -> Pla
     from tofu_tf.op_semantics.catalog import catalog
     from tofu_tf.search.recompute import candidates, recompute
     from tofu_tf.search.reorder import updates_early
-    from tofu_tf.search.simulate import plan_step_time
+    from tofu_tf.search.simulate import plan_step_time, step_profile
     start = time.perf_counter()
     mixes = [(options.early_updates, options.recompute)]
     if options.recompute is Recompute.AUTO:
         if options.memory_budget_bytes is None:
             raise TofuError("recompute=auto chooses by the memory budget, and none is set.",
                             fix="set Options.memory_budget_bytes, or name a policy.")
-        profile = _step_profile(options)
+        profile = step_profile(options)
         mixes = [(early, policy) for policy in (Recompute.NONE, Recompute.CHEAP,
                                                 Recompute.SEGMENTS)
                  for early in dict.fromkeys((options.early_updates, True))]

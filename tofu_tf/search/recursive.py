@@ -7,8 +7,9 @@ and reused. And so on down the levels. The plan's objective is
 
     total = c_1 + k_1 * c_2 + k_1 * k_2 * c_3 + ...
 
-in bytes (c_l is the level-l cut's cost inside one group), and in time each c_l moves over
-level l's links. The first cut, which moves the least data, crosses the slowest links.
+in bytes (c_l is the level-l cut's cost inside one group: the bytes it moves plus the
+price of the computation its replicated ops repeat, search/level.py), and in time each
+c_l's bytes move over level l's links. The first cut, which moves the least data, crosses the slowest links.
 """
 
 from __future__ import annotations
@@ -85,6 +86,16 @@ class SearchResult:
         return float(sum(self.bytes_per_level))
 
     @property
+    def total_work(self) -> float:
+        """The work term of the plan's choices, in bytes (search/level.py)."""
+        return float(sum(m * level.work for m, level in zip(self.multipliers, self.levels)))
+
+    @property
+    def objective(self) -> float:
+        """What the search minimises: bytes moved plus the work of repeated computation."""
+        return self.total_bytes + self.total_work
+
+    @property
     def transfer_seconds(self) -> float:
         """Predicted transfer time of a step (as search/simulate.py): per level, the bytes
         of all its groups spread over every device on that level's links, plus each
@@ -95,7 +106,7 @@ class SearchResult:
                                              self.multipliers))
 
     def cost(self, objective: Objective) -> float:
-        return self.transfer_seconds if objective is Objective.TIME else self.total_bytes
+        return self.transfer_seconds if objective is Objective.TIME else self.objective
 
 
 def deadline_of(options: Options) -> float | None:
@@ -166,10 +177,10 @@ def _search(graph, topology, solver, entries, options, memory_weight, cache,
             results.append(joint_plan)
     if memory_weight:          # memory decides too: estimate every candidate
         results = [r.with_memory(graph) for r in results]
-        best = min(results, key=lambda r: r.total_bytes + memory_weight * r.memory.peak_bytes)
+        best = min(results, key=lambda r: r.objective + memory_weight * r.memory.peak_bytes)
     else:
         best = min(results, key=lambda r: r.cost(objective))   # ties: the recursion's
-        if joint_plan is not None and best.total_bytes <= joint_plan.total_bytes:
+        if joint_plan is not None and best.objective <= joint_plan.objective:
             best = dataclasses.replace(best, joint=True)        # it is a joint optimum too
     if best.last is None:      # the forked child's plan won: rebuild its last level's model
         best = dataclasses.replace(best, last=_replay(
@@ -212,9 +223,9 @@ def _joint(graph, topology, entries, coarse, options, solver, cache, deadline
 
     result = _recurse(graph, topology, entries, coarse, options, storage, solve, cache,
                       deadline)
-    if not math.isclose(result.total_bytes, best.cost, rel_tol=1e-9, abs_tol=1e-6):
+    if not math.isclose(result.objective, best.cost, rel_tol=1e-9, abs_tol=1e-6):
         raise PlanInfeasibleError(
-            f"the plan under the joint optimum's levels moves {result.total_bytes:.0f} B, "
+            f"the plan under the joint optimum's levels costs {result.objective:.0f} B, "
             f"the joint optimum {best.cost:.0f} B; they must agree.",
             fix="report this; Options(joint_choices=0) plans by the recursion alone.")
     logging.debug("joint search: %.0f B in %.2f s", best.cost, time.perf_counter() - start)
