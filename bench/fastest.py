@@ -1,13 +1,15 @@
-"""The fewest bytes, the work priced, or the fastest predicted step: each plan timed here.
+"""The fewest bytes, the default, transfers priced too, or the fastest predicted step:
+each plan timed here.
 
     python bench/fastest.py                          # the medium configs, 3 rounds
     python bench/fastest.py --configs=lstm-4-1024 --rounds=5
 
-For each config of bench/common.CONFIGS at `--devices` logical CPU devices, three plans:
-the fewest bytes moved (`Options(flop_bytes=0)`), the default (the search prices the
-computation a replicated op repeats at the step profile's exchange rate,
-`Options.flop_bytes`), and `Options(fastest_step=True)` (among the plans at a few memory
-weights, the one search/simulate.py predicts fastest on `--profile`), each emitted and run
+For each config of bench/common.CONFIGS at `--devices` logical CPU devices, four plans:
+the fewest bytes moved (`Options(flop_bytes=0)`), the default (the search also prices the
+computation a replicated op repeats at the step profile's rate, `Options.flop_bytes`), with
+each transfer's latency priced too (`transfer_bytes=None`: the profile's), and
+`Options(fastest_step=True)` (among the plans at a few memory weights, the one
+search/simulate.py predicts fastest on `--profile`), each emitted and run
 from the same values. They take turns, one step each per round after a warm-up step (this
 machine is noisy: a slow spell then hits all alike); the figure is each one's median.
 Results: bench/results/fastest.{json,md}.
@@ -45,7 +47,8 @@ def run_config(name: str) -> dict:
         values = single.values()
     feeds = dict(zip(step.feeds, step.sample_batch(0)))
     plans = {"fewest bytes": Options(flop_bytes=0.0, step_profile=FLAGS.profile),
-             "work priced": Options(step_profile=FLAGS.profile),
+             "default": Options(step_profile=FLAGS.profile),
+             "transfers priced": Options(transfer_bytes=None, step_profile=FLAGS.profile),
              "fastest step": Options(fastest_step=True, step_profile=FLAGS.profile)}
     runners, row = {}, {}
     for label, options in plans.items():
@@ -68,7 +71,7 @@ def run_config(name: str) -> dict:
     return row
 
 
-LABELS = ("fewest bytes", "work priced", "fastest step")
+LABELS = ("fewest bytes", "default", "transfers priced", "fastest step")
 
 
 def table(stored: dict) -> str:
@@ -87,15 +90,15 @@ def table(stored: dict) -> str:
                      each(lambda r: f"{r['search_seconds']:.2f}" if "search_seconds" in r
                           else "")])
     return "\n\n".join([
-        "# The fewest bytes, the work priced, or the fastest predicted step "
+        "# The fewest bytes, the default, transfers priced, or the fastest predicted step "
         "(bench/fastest.py)",
         f"Command: `{stored.get('command', '')}`  \nMachine: {stored.get('machine')}",
         f"{stored.get('devices')} logical CPU devices; medians of {stored.get('rounds')} "
-        f"steps each, the plans taking turns; repeated work priced and the fastest step "
-        f"predicted on `{stored.get('profile')}`. Each cell: fewest bytes "
-        "(`flop_bytes=0`) / work priced (the default) / fastest step (`fastest_step=True`); "
-        "speedup: the fewest-bytes step over each. Rows with two figures were measured "
-        "before the work was priced (then the default was the fewest bytes).",
+        f"steps each, the plans taking turns; repeated work and transfers priced and the "
+        f"fastest step predicted on `{stored.get('profile')}`. Each cell: fewest bytes "
+        "(`flop_bytes=0`) / the default (repeated work priced at the profile's rate) / "
+        "transfers priced too (`transfer_bytes=None`) / fastest step (`fastest_step=True`); "
+        "speedup: the fewest-bytes step over each.",
         markdown_table(["config", "step ms", "speedup", "MiB moved", "peak MiB per device",
                         "nodes", "search s"], rows)])
 

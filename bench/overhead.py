@@ -50,8 +50,9 @@ flags.DEFINE_integer("replicate_below", 0, "Options.replicate_below: tensors wit
 flags.DEFINE_integer("compute_once_below", 0, "Options.compute_once_below: ops every "
                      "device would run alike on smaller results run on device 0 only")
 flags.DEFINE_float("flop_bytes", None, "Options.flop_bytes: bytes one flop of repeated "
-                   "computation costs in the search (default: the step profile's rate; 0: "
-                   "the fewest bytes moved)")
+                   "computation costs in the search (default: the step profile's rate)")
+flags.DEFINE_float("transfer_bytes", 0.0, "Options.transfer_bytes: bytes one transfer's "
+                   "latency costs in the search (default 0: ties only)")
 flags.DEFINE_bool("floor", True, "tiny configs: also time N whole copies of the step, one "
                   "per device (the floor of a plan that runs every op on every device)")
 flags.DEFINE_bool("fresh", False, "drop the stored rows first")
@@ -87,7 +88,8 @@ def measure(config: str, device_counts: list[int]) -> list[dict]:
                                  options=Options(sequential=FLAGS.sequential,
                                                  replicate_below=FLAGS.replicate_below,
                                                  compute_once_below=FLAGS.compute_once_below,
-                                                 flop_bytes=FLAGS.flop_bytes))
+                                                 flop_bytes=FLAGS.flop_bytes,
+                                                 transfer_bytes=FLAGS.transfer_bytes))
             with Runner(optimized, values) as runner:
                 single, parted = paired_medians(lambda: single_device.run(feeds),
                                                 lambda: runner.run(feeds), steps, warmup)
@@ -135,7 +137,8 @@ def _row(config, model, medium, devices, steps, step, optimized, whole, profile,
         "code": code_label(), "cpu": cpu(),
         "sequential": FLAGS.sequential, "replicate_below": FLAGS.replicate_below,
         "compute_once_below": FLAGS.compute_once_below,
-        "flop_bytes": FLAGS.flop_bytes, "steps": steps,
+        "flop_bytes": FLAGS.flop_bytes, "transfer_bytes": FLAGS.transfer_bytes,
+        "steps": steps,
         "single_seconds": single, "partitioned_seconds": parted,
         "ratio": parted / single, "copies_ratio": floor,
         "nodes_single": len(step.graph_def.node),
@@ -162,8 +165,11 @@ def setting(row: dict) -> str:
     below, once = row.get("replicate_below", 0), row.get("compute_once_below", 0)
     price = ""                   # rows from before Options.flop_bytes: the fewest bytes
     if "flop_bytes" in row:
-        price = (", work priced" if row["flop_bytes"] is None else
-                 ", bytes only" if row["flop_bytes"] == 0 else f", {row['flop_bytes']:g} B/flop")
+        work, latency = row["flop_bytes"], row.get("transfer_bytes", 0.0)
+        price = (", priced" if work is None and latency is None else
+                 ", bytes only" if work == 0 and latency == 0 else
+                 f", work {'priced' if work is None else f'{work:g}'}, transfers "
+                 f"{'priced' if latency is None else f'{latency:g}'}")
     return (("seq" if row["sequential"] else "free")
             + (f", replicated < {below}" if below else "")
             + (f", once < {once}" if once else "") + price)
@@ -204,10 +210,10 @@ def table(stored: dict) -> str:
         "control chain through each device's ops); replicated < n, `Options.replicate_below`"
         " = n (smaller tensors may be stored whole on every device; default 0: every tensor "
         "1/N); once < n, `Options.compute_once_below` = n (an op every device would run "
-        "alike on smaller results runs on device 0 only, its readers receive them); work "
-        "priced: the search prices repeated computation (`Options.flop_bytes`, the default "
-        "since it exists; rows without it moved the fewest bytes), bytes only: "
-        "`flop_bytes=0`. N copies: N whole copies of the unpartitioned step, one per device, in one "
+        "alike on smaller results runs on device 0 only, its readers receive them); priced: "
+        "the search prices repeated computation and each transfer's latency "
+        "(`Options.flop_bytes`, `transfer_bytes`: the default since they exist; rows "
+        "without a price moved the fewest bytes), bytes only: both 0. N copies: N whole copies of the unpartitioned step, one per device, in one "
         "session, over one copy (tiny configs): the floor of any plan that runs every op on "
         "every device. Machines (column cpu): "
         + "; ".join(f"{i + 1}: {m}" for i, m in enumerate(machines)) + ".",
@@ -242,8 +248,8 @@ def main(argv) -> int:
             key = (f"{row['config']}@{row['devices']}:{'seq' if row['sequential'] else 'free'}"
                    + (f":rb{row['replicate_below']}" if row["replicate_below"] else "")
                    + (f":once{row['compute_once_below']}" if row["compute_once_below"] else "")
-                   + (f":fb{row['flop_bytes']:g}" if row.get("flop_bytes") is not None
-                      else ":work" if "flop_bytes" in row else "")
+                   + (f":fb{row['flop_bytes']}:tb{row.get('transfer_bytes', 0.0)}"
+                      if "flop_bytes" in row else "")
                    + f":{row['code']}")
             stored["rows"][key] = row
         write_results("overhead", stored, table)

@@ -23,7 +23,10 @@ flags.DEFINE_string("step_profile", "this_cpu", "device profile (search/simulate
                     "--recompute with a budget predicts each mix's step time to keep the "
                     "fastest, and whose exchange rate prices repeated work")
 flags.DEFINE_float("flop_bytes", None, "bytes moved one flop of repeated computation is worth "
-                   "in the search (default: --step_profile's rate; 0: the fewest bytes)")
+                   "in the search (default: --step_profile's rate; 0: not priced)")
+flags.DEFINE_float("transfer_bytes", 0.0, "bytes moved one transfer's latency is worth in the "
+                   "search (0: transfers only break ties; this_cpu's link latency x "
+                   "bandwidth is 2.56e6)")
 flags.DEFINE_bool("early_updates", False, "run each update as soon as its gradient is "
                   "complete, gradient sums as running sums (tofu_tf/search/reorder.py)")
 flags.DEFINE_string("plan_out", None, "write the full plan (Plan.to_json) here")
@@ -65,7 +68,8 @@ def options(**overrides):
     if FLAGS.recompute_policy:
         policy = Recompute(FLAGS.recompute_policy)
     return Options(memory_budget_bytes=budget, recompute=policy, early_updates=early,
-                   step_profile=FLAGS.step_profile, flop_bytes=FLAGS.flop_bytes, **overrides)
+                   step_profile=FLAGS.step_profile, flop_bytes=FLAGS.flop_bytes,
+                   transfer_bytes=FLAGS.transfer_bytes, **overrides)
 
 
 def write_plan(plan, title: str = "", baselines=None, profile=None) -> None:

@@ -116,6 +116,12 @@ class Options:
     # (its link bandwidth over the FLOP/s its kernels reach); 0: bytes alone (the plan
     # moving the fewest bytes, whatever it repeats).
     flop_bytes: float | None = None
+    # Bytes moved that one transfer is worth in the search's objective (each op's read or
+    # conversion of one tensor that moves bytes at one level has a latency). None: the
+    # step profile's link latency x link bandwidth (this_cpu: 2.56 MB; tiny models then
+    # run faster on logical CPUs but replicate more, past the unpartitioned step's peak
+    # on some: bench/results/overhead.md); 0 (default): transfers only break ties.
+    transfer_bytes: float | None = 0.0
     # Among the plans the search gives at a few memory weights (bytes moved per byte
     # stored: a plan that stores less also replicates less), keep the one predicted
     # fastest on `step_profile` (within the budget, if any) instead of the one of least

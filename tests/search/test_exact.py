@@ -37,9 +37,9 @@ def graph_of(name, optimizer="sgd"):
     return _GRAPHS[name, optimizer]
 
 
-def first_cut(name, optimizer="sgd", devices=4) -> LevelModel:
+def first_cut(name, optimizer="sgd", devices=4, options=Options()) -> LevelModel:
     graph, entries = graph_of(name, optimizer)
-    return next(level_models(graph, Topology.default(devices), entries))
+    return next(level_models(graph, Topology.default(devices), entries, options=options))
 
 
 # -- random cuts ---------------------------------------------------------------------------
@@ -156,6 +156,22 @@ def test_first_cut_dp_equals_ilp(name, optimizer):
     assert math.isclose(by_dp.cost, by_ilp.cost, rel_tol=1e-9)
     print(f"{name}/{optimizer} 4 devices, level 1: DP {by_dp.cost:.0f} B in "
           f"{by_dp.seconds:.3f} s, ILP {by_ilp.cost:.0f} B in {by_ilp.seconds:.3f} s")
+
+
+# Every term of the objective on: bytes, repeated work, and a latency per transfer large
+# enough to change the plans of the tiny models (this_cpu's own is 2.56 MB).
+PRICED = Options(flop_bytes=1.0, transfer_bytes=4096.0)
+
+
+@pytest.mark.parametrize("name", ["mlp", "wresnet", "lstm", "transformer"])
+def test_dp_equals_ilp_with_work_and_transfers_priced(name):
+    model = first_cut(name, options=PRICED)
+    by_dp, by_ilp = solve_level(model), ilp_level(model)
+    assert by_dp.work > 0 or by_dp.latency > 0
+    assert math.isclose(by_dp.cost, by_ilp.cost, rel_tol=1e-9)
+    # the fewest-bytes assignment costs no less in the priced model
+    plain = solve_level(first_cut(name, options=Options(flop_bytes=0.0)))
+    assert model.evaluate(plain.assignment)[0] >= by_dp.cost - 1e-6
 
 
 @pytest.mark.parametrize("name", ["mlp", "lstm"])

@@ -48,6 +48,14 @@ def test_the_plan_is_the_joint_ilp_optimum(name, topology):
     assert plan.objective < recursion.objective
 
 
+def test_with_work_and_transfers_priced_the_plan_is_the_joint_optimum():
+    graph, entries = graph_of("mlp")
+    topology, options = Topology.parse("2x2"), Options(flop_bytes=1.0, transfer_bytes=4096.0)
+    plan = search(graph, topology, entries=entries, options=options)
+    assert plan.joint and plan.total_work + sum(l.latency for l in plan.levels) > 0
+    assert plan.objective == joint_optimum(graph, topology, JointMethod.ILP, options=options)
+
+
 def test_past_the_limit_the_recursion_plans():
     graph, entries = graph_of("mlp")
     topology = Topology.parse("2x2")

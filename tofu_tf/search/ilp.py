@@ -114,10 +114,13 @@ class _Entries:
         return entry, state, values
 
 
-def merged_vectors(group_of, entries) -> dict[int, np.ndarray]:
-    """A choice's vectors summed per group (tensors of one group share its state)."""
+def merged_vectors(group_of, entries, transfer_bytes: float = 0.0) -> dict[int, np.ndarray]:
+    """A choice's vectors summed per group (tensors of one group share its state), each
+    state where a vector moves bytes also costing `transfer_bytes` (search/level.py)."""
     out: dict[int, np.ndarray] = {}
     for tensor, vector in entries:
+        if transfer_bytes:
+            vector = vector + transfer_bytes * (np.asarray(vector) > 0)
         g = group_of[tensor]
         out[g] = out[g] + vector if g in out else np.asarray(vector, dtype=np.float64)
     return out
@@ -133,7 +136,7 @@ def _collect(model: LevelModel) -> _Entries:
             y = len(found.choice_op)
             found.choice_op.append(op_index)
             found.work.append(float(work))
-            merged = merged_vectors(model.coarse.group_of, entries)
+            merged = merged_vectors(model.coarse.group_of, entries, model.transfer_bytes)
             for g in scope:
                 found.choice.append(y)
                 found.pair.append(pairs[g])

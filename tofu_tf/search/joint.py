@@ -137,6 +137,7 @@ class _Walk:
     ways: tuple[int, ...]
     limit: int                                         # most joint choices in all
     flop_bytes: float                                  # the price of repeated work
+    transfer_bytes: float                              # the price of one transfer
     local_ops: dict = field(default_factory=dict)      # (id(op), choice) -> (op, local op)
     contexts: dict = field(default_factory=dict)       # (id(local op), shapes) -> _Context
     templates: dict = field(default_factory=dict)      # id(local op) -> (op, choices, whole)
@@ -153,7 +154,8 @@ class _Walk:
         tensors = {t: model.problem.tensors[t] for t in op.inputs + op.outputs}
         problem = Problem(model.problem.k, [op], tensors, self.base.replicable,
                           self.base.replicate_below, {op.name: model.problem.choices[op.name]})
-        return _Context(problem, [merged_vectors(self.coarse.group_of, entries)
+        return _Context(problem, [merged_vectors(self.coarse.group_of, entries,
+                                                 self.transfer_bytes)
                                   for entries in model.vectors[op.name]], model.work(op.name))
 
     def next(self, context: _Context, choice: int, states: dict[str, OutputState],
@@ -183,7 +185,8 @@ class _Walk:
                 self.vectors.update(zip(row, (vector for _, vector in entries)))
         problem.choices[op.name] = chosen           # labels and strategies only, below
         vectors = [merged_vectors(self.coarse.group_of, [(tensor, self.vectors[key]) for
-                                                  (_, tensor), key in zip(_slots(c, op), row)])
+                                                  (_, tensor), key in zip(_slots(c, op), row)],
+                                  self.transfer_bytes)
                    for c, row in zip(chosen, keys)]
         return _Context(problem, vectors, choice_work(k, op, chosen, self.flop_bytes))
 
@@ -407,7 +410,7 @@ def joint_model(graph: Graph, topology: Topology, *,
             raise JointTooLarge.of(f"at least {least}, more than {max_joint_choices},", ways)
     trees = tuple(state_tree(base.tensors[members[0]], base, ways)
                   for members in coarse.members)
-    walk = _Walk(base, coarse, ways, max_joint_choices, root.flop_bytes)
+    walk = _Walk(base, coarse, ways, max_joint_choices, root.flop_bytes, root.transfer_bytes)
     vectors, keys = {}, {}
     for op in base.ops:
         scope = scopes[op.name]

@@ -44,7 +44,7 @@ from tofu_tf.search.coarsen import CoarseGraph, coarsen
 from tofu_tf.search.problem import (REPLICATE, Choice, OpVectors, Problem, ProblemOp,
                                     SearchCache, build_choices, cost_vectors, part0_shape,
                                     root_problem, sub_problem, tensor_at)
-from tofu_tf.search.profiles import flop_bytes, op_flops
+from tofu_tf.search.profiles import flop_bytes, op_flops, transfer_bytes
 from tofu_tf.search.topology import Topology
 
 
@@ -55,18 +55,19 @@ class LevelModel:
     vectors: OpVectors                                        # op -> choice -> [(tensor, bytes)]
     domains: list[int]                                        # group -> number of states
     flop_bytes: float = 0.0                                   # bytes one repeated flop costs
+    transfer_bytes: float = 0.0                               # bytes one transfer costs
     _tables: dict = field(default_factory=dict, repr=False)
     _shared: dict = field(default_factory=dict, repr=False)
     _work: dict = field(default_factory=dict, repr=False)
 
     @staticmethod
-    def build(problem: Problem, coarse: CoarseGraph, flop_bytes: float = 0.0
-              ) -> "LevelModel":
+    def build(problem: Problem, coarse: CoarseGraph, flop_bytes: float = 0.0,
+              transfer_bytes: float = 0.0) -> "LevelModel":
         if not problem.choices:
             build_choices(problem)
         vectors = cost_vectors(problem)
         domains = [len(problem.states(members[0])) for members in coarse.members]
-        return LevelModel(problem, coarse, vectors, domains, flop_bytes)
+        return LevelModel(problem, coarse, vectors, domains, flop_bytes, transfer_bytes)
 
     def work(self, op: str) -> np.ndarray:
         """Per choice of `op`, the bytes its repeated computation costs (module docstring):
@@ -132,7 +133,7 @@ class LevelModel:
         return (used, *_min_table(
             [[(used.index(r), v) for r, (_, v) in zip(row, entries)]
              for row, entries in zip(ranks, positional)],
-            [self.domains[distinct[r]] for r in used], self.work(op)))
+            [self.domains[distinct[r]] for r in used], self.work(op), self.transfer_bytes))
 
     def _named_table(self, op: str):
         """op_table from plain {op: [[(tensor, vector)]]} vectors (models built by hand)."""
@@ -140,7 +141,8 @@ class LevelModel:
         scope = tuple(sorted({group_of[t] for entries in self.vectors[op] for t, _ in entries}))
         return (scope, *_min_table([[(scope.index(group_of[t]), v) for t, v in entries]
                                     for entries in self.vectors[op]],
-                                   [self.domains[g] for g in scope]))
+                                   [self.domains[g] for g in scope], None,
+                                   self.transfer_bytes))
 
     def _epsilon(self) -> float:
         """The weight of one transfer in ranked factors (module docstring)."""
@@ -237,8 +239,9 @@ def _squeeze(table: np.ndarray) -> tuple[tuple[int, ...], np.ndarray]:
 
 
 def _min_table(per_choice: list[list[tuple[int, np.ndarray]]], shape: list[int],
-               work: np.ndarray | None = None):
-    """Over choices of `work` plus the sum of each choice's (axis, vector) terms: the min, the
+               work: np.ndarray | None = None, transfer_bytes: float = 0.0):
+    """Over choices of `work` plus the sum of each choice's (axis, vector) terms, each term
+    moving bytes also costing `transfer_bytes`: the min, the
     argmin (least bytes, then fewest terms moving bytes > 0, then the first choice) and
     that choice's number of such terms (its transfers).
 
@@ -265,6 +268,8 @@ def _min_table(per_choice: list[list[tuple[int, np.ndarray]]], shape: list[int],
     else:
         tables = np.zeros((n_choices, cells))
         transfers = np.zeros((n_choices, cells), dtype=np.int64)
+    if transfer_bytes:
+        tables = tables + transfer_bytes * transfers
     if work is not None and work.any():
         tables = tables + work.reshape(-1, 1)
     least = tables.min(axis=0)
@@ -298,11 +303,12 @@ class LevelResult:
     seconds: float
     breakdown: tuple[tuple[str, str, float], ...] = ()   # (op, tensor, bytes), bytes > 0
     work: float = 0.0                     # the chosen choices' work (bytes for flops)
+    latency: float = 0.0                  # its transfers' latency (bytes per transfer)
 
     @property
     def cost(self) -> float:
-        """The level's objective: bytes moved plus work."""
-        return self.bytes + self.work
+        """The level's objective: bytes moved plus work plus latency."""
+        return self.bytes + self.work + self.latency
 
 
 def solve_level(model: LevelModel, max_table: int = dp.MAX_TABLE,
@@ -342,15 +348,16 @@ def result_of(model: LevelModel, assignment, exact: bool, seconds: float,
                     for _, moved in model.moved(op, c, assignment))
     work = (float(sum(model.work(op)[c] for op, c in chosen.items()))
             if model.flop_bytes else 0.0)
-    if evaluated:
-        total -= work
     states = {t: model.group_states(g)[assignment[g]]
               for g, members in enumerate(model.coarse.members) for t in members}
     labels = {op: model.problem.choices[op][c].label for op, c in chosen.items()}
     breakdown = [(op, tensor, moved) for op, c in chosen.items()
                  for tensor, moved in model.moved(op, c, assignment)]
+    latency = model.transfer_bytes * len(breakdown)
+    if evaluated:
+        total -= work + latency
     return LevelResult(model.problem.k, tuple(assignment), states, labels, total, exact,
-                       seconds, tuple(breakdown), work)
+                       seconds, tuple(breakdown), work, latency)
 
 
 def variable_tensors(graph: Graph, coarse: CoarseGraph) -> frozenset[str]:
@@ -372,9 +379,9 @@ def level_models(graph: Graph, topology: Topology, entries: dict[str, OpEntry] |
     problem: Problem = root_problem(graph, entries, topology.levels[0].ways,
                                     replicable=replicable,
                                     replicate_below=options.replicate_below, cache=cache)
-    price = flop_bytes(options)
+    work, latency = flop_bytes(options), transfer_bytes(options)
     for index, level in enumerate(topology.levels):
-        model = LevelModel.build(problem, coarse, price)
+        model = LevelModel.build(problem, coarse, work, latency)
         result = yield model
         if index + 1 < len(topology.levels):
             problem = sub_problem(problem, result.states, result.choices,

@@ -72,6 +72,15 @@ def step_profile(options: Options) -> DeviceProfile:
     return PROFILES[options.step_profile]
 
 
+def transfer_bytes(options: Options) -> float:
+    """`options.transfer_bytes`, or where None its step profile's link latency x link
+    bandwidth (whole bytes)."""
+    if options.transfer_bytes is not None:
+        return options.transfer_bytes
+    profile = step_profile(options)
+    return float(round(profile.link_latency * profile.link_bandwidth))
+
+
 def flop_bytes(options: Options) -> float:
     """`options.flop_bytes`, or where None the exchange rate of its step profile."""
     if options.flop_bytes is not None:

@@ -92,8 +92,9 @@ class SearchResult:
 
     @property
     def objective(self) -> float:
-        """What the search minimises: bytes moved plus the work of repeated computation."""
-        return self.total_bytes + self.total_work
+        """What the search minimises: bytes moved, plus the price of the computation
+        replicated ops repeat and of each transfer's latency (search/level.py)."""
+        return float(sum(m * level.cost for m, level in zip(self.multipliers, self.levels)))
 
     @property
     def transfer_seconds(self) -> float:

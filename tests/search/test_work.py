@@ -1,0 +1,35 @@
+"""The search prices the computation a replicated op repeats (Options.flop_bytes): each
+device then runs less of the step's arithmetic than under the fewest-bytes plan, the
+search's bytes still are the plan's bytes, and the price is the profile's rate."""
+
+from __future__ import annotations
+
+import pytest
+
+from tofu_tf.options import Options
+from tofu_tf.search.profiles import PROFILES, flop_bytes
+from tofu_tf.search.recursive import search
+from tofu_tf.search.simulate import plan_step_time, single_step_time
+from tofu_tf.search.topology import Topology
+
+from tests.search.test_search import graph_of
+
+
+@pytest.mark.parametrize("model", ["mlp", "wresnet", "lstm", "transformer"])
+def test_priced_work_splits_what_the_fewest_bytes_repeat(model):
+    graph, profile = graph_of(model), PROFILES["this_cpu"]
+    fewest = search(graph, Topology.default(8), options=Options(flop_bytes=0.0))
+    priced = search(graph, Topology.default(8))
+    per_device = [plan_step_time(graph, r, profile).flops for r in (fewest, priced)]
+    ideal = single_step_time(graph, profile).flops / 8
+    assert ideal * (1 - 1e-9) <= per_device[1] < per_device[0]
+    assert priced.total_work > 0 or per_device[1] <= ideal * (1 + 1e-9)
+    assert priced.total_bytes >= fewest.total_bytes            # bytes bought the split
+    assert priced.objective == pytest.approx(priced.total_bytes + priced.total_work)
+
+
+def test_the_price_is_the_profiles_rate():
+    h200 = PROFILES["h200_8"]
+    assert flop_bytes(Options(step_profile="h200_8")) == pytest.approx(
+        h200.link_bandwidth / (h200.peak_flops * h200.efficiency))
+    assert flop_bytes(Options(flop_bytes=0.5)) == 0.5
