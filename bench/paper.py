@@ -53,8 +53,8 @@ def run_config(graph, batch: int, profile) -> dict:
     row: dict = {}
     start = time.perf_counter()
     try:
-        tofu = search_within_budget(graph, topology,
-                                    Options(memory_budget_bytes=profile.memory_bytes))
+        tofu = search_within_budget(graph, topology, Options(
+            memory_budget_bytes=profile.memory_bytes, step_profile=profile.name))
         step = plan_step_time(graph, tofu, profile)
         row["tofu"] = {"samples_per_second": batch / step.seconds,
                        "peak_bytes": tofu.memory.peak_bytes, "bytes_moved": tofu.total_bytes,
