@@ -1,7 +1,7 @@
 """The joint problem of all levels (`joint_model`; `exact.joint_optimum` its optimum, and
 `Options.joint_choices` where the search solves it): the recursion fixes level 1 before it
 solves level 2; the joint problem minimises total = c_1 + k_1 c_2 + k_1 k_2 c_3 + ...
-(c_l: level l's bytes plus its choices' work, search/level.py)
+(c_l: level l's bytes, its choices' work and its transfers' price, search/level.py)
 over all levels' states and choices at once. It is a product-domain problem of the same
 form. A group's joint state is a path (X_1, X_2, ...) through its state tree: X_1 a
 level-1 state, X_2 a state of the level-2 tensor shape that X_1 leaves, and so on. An op's
@@ -323,7 +323,7 @@ class JointModel:
 
     def plan_cost(self, result: SearchResult) -> float:
         """The joint objective of a recursive plan's own states and choices; equals its
-        total_bytes plus total_work when the joint pieces match sub_problem."""
+        objective when the joint pieces match sub_problem."""
         leaves, total = self.plan_leaves(result), 0.0
         for op, choices in self.model.vectors.items():
             scope = self.model.op_scope(op)

@@ -9,13 +9,15 @@ evaluates assignments through it, so their numbers compare like with like:
 where the vectors are bytes (cost.py) and work[c] prices the computation a choice repeats:
 an op run whole on every one of the k parts (`replicate`) instead of split does k - 1
 times its flops more, priced at `flop_bytes` bytes per flop (whole bytes; 0: the plan
-moving the fewest bytes, whatever it computes). `solve_level` minimises it exactly with
-dp.solve; a LevelResult keeps its bytes and its work apart.
+moving the fewest bytes, whatever it computes). With `transfer_bytes`, every term moving
+bytes > 0 (a transfer) costs that much more. `solve_level` minimises it exactly with
+dp.solve; a LevelResult keeps its bytes, work and transfers' price apart.
 
-Ties. Bytes (and work) are whole numbers, and many assignments move the same bytes: a bias stored
-Split, gathered for the forward op and reduce-scattered from its gradient, moves what it
-moves stored R and all-reduced. Among the byte-optimal assignments the search takes one with
-the fewest transfers (an op's entry moving bytes > 0 counts one; each has a latency):
+Ties. Bytes (and the prices) are whole numbers, and many assignments move the same bytes:
+a bias stored Split, gathered for the forward op and reduce-scattered from its gradient,
+moves what it moves stored R and all-reduced. Among the byte-optimal assignments the search
+takes one with the fewest transfers (an op's entry moving bytes > 0 counts one; each has a
+latency):
 
     ranked(states) = cost(states) + epsilon * transfers(states),
     epsilon = 1 / (2 * (1 + sum over ops of the most transfers any choice makes))
