@@ -14,80 +14,9 @@ import tensorflow as tf
 import tofu_tf
 from tofu_tf.errors import KeptWholeWarning
 from tofu_tf.models.keras_models import keras_float
-
-
-def _custom_layer():
-    import keras
-
-    class MaskedAttention(keras.layers.Layer):
-        def __init__(self, dim: int, **kwargs):
-            super().__init__(**kwargs)
-            self.dim = dim
-
-        def build(self, shape):
-            for name in ("wq", "wk", "wv"):
-                setattr(self, name, self.add_weight(shape=(shape[-1], self.dim), name=name,
-                                                    initializer="glorot_uniform"))
-            self.table = self.add_weight(shape=(16, self.dim), name="table",
-                                         initializer="random_normal")
-
-        def call(self, x, ids):
-            q = tf.einsum("bsd,de->bse", x, self.wq)
-            k = tf.einsum("bsd,de->bse", x, self.wk)
-            v = tf.einsum("bsd,de->bse", x, self.wv) + tf.gather(self.table, ids)
-            scores = tf.einsum("bqe,bke->bqk", q, k) / np.sqrt(self.dim)
-            seq = tf.shape(x)[1]
-            causal = tf.range(seq)[:, None] >= tf.range(seq)[None, :]
-            scores = tf.where(causal[None], scores, tf.cast(-1e9, scores.dtype))
-            return tf.einsum("bqk,bke->bqe", tf.nn.softmax(scores, axis=-1), v)
-
-    return MaskedAttention
-
-
-def _subclassed():
-    import keras
-    attention = _custom_layer()
-
-    class Net(keras.Model):
-        def __init__(self):
-            super().__init__()
-            self.attention = attention(24)
-            self.head = keras.layers.Dense(10)
-
-        def call(self, x, ids):
-            return self.head(tf.reduce_mean(tf.nn.relu(self.attention(x, ids)), axis=1))
-
-    model = Net()
-    model(np.zeros((8, 12, 16)), np.zeros((8, 12), np.int32))
-
-    def loss_of(x, ids, y):
-        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-            labels=y, logits=model(x, ids)))
-
-    def batch(rng):
-        return (rng.normal(size=(8, 12, 16)), rng.integers(0, 16, (8, 12)).astype(np.int32),
-                rng.integers(0, 10, 8).astype(np.int32))
-    return model, loss_of, batch
-
-
-def _functional():
-    import keras
-    x = keras.Input((20,))
-    shared = keras.layers.Dense(32, activation="relu")
-    a, b = shared(x), shared(keras.layers.Dense(20)(x))
-    first = keras.layers.Dense(10)(a)
-    second = keras.layers.Dense(3)(keras.layers.Concatenate()([a, b]))
-    model = keras.Model(x, [first, second])
-
-    def loss_of(x, y1, y2):
-        o1, o2 = model(x)
-        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-            labels=y1, logits=o1)) + tf.reduce_mean(tf.square(o2 - y2))
-
-    def batch(rng):
-        return (rng.normal(size=(8, 20)), rng.integers(0, 10, 8).astype(np.int32),
-                rng.normal(size=(8, 3)))
-    return model, loss_of, batch
+from tofu_tf.models.user_models import functional_model as _functional
+from tofu_tf.models.user_models import subclassed_model as _subclassed
+from tofu_tf.models.user_models import user_train_step as _train_step
 
 
 def _assert_same_weights(mine, reference):
@@ -95,22 +24,6 @@ def _assert_same_weights(mine, reference):
     for got, want in zip(mine.weights, reference.weights):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-9, atol=1e-12,
                                    err_msg=got.path)
-
-
-def _train_step(build):
-    import keras
-    keras.utils.set_random_seed(0)
-    model, loss_of, batch = build()
-    optimizer = keras.optimizers.Adam(1e-2)
-    optimizer.build(model.trainable_variables)
-
-    def step(*args):
-        with tf.GradientTape() as tape:
-            loss = loss_of(*args)
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-    return model, step, batch
 
 
 REWRITTEN = tofu_tf.Options(early_updates=True, recompute=tofu_tf.Recompute.CHEAP)

@@ -1,13 +1,14 @@
 """Every op type in the training graphs of the reference models (all optimizers), Keras
-applications and keras_hub backbones is described or opaque with a reason."""
+applications, keras_hub backbones and models as users write them is described or opaque
+with a reason."""
 
 import pytest
 
 from tofu_tf.op_semantics.catalog import DESCRIBED
-from tofu_tf.tools.coverage import COMPUTE_HEAVY, KERAS, REFERENCE, coverage
+from tofu_tf.tools.coverage import COMPUTE_HEAVY, KERAS, REFERENCE, USER, coverage
 
 
-@pytest.mark.parametrize("model", REFERENCE + KERAS)
+@pytest.mark.parametrize("model", REFERENCE + KERAS + USER)
 def test_no_op_type_is_missing(model):
     result = coverage([model])
     totals = result.totals()

@@ -6,8 +6,11 @@ Prints, per op type, the count and the status, then `described D, opaque O, miss
 (counted over op types); the exit status is non-zero when M > 0. Every op instance is
 also described and analysed, so a description that fails on a real shape shows here.
 Models: the reference models (all optimizer variants: mlp, wresnet, lstm, transformer),
-every Keras application and keras_hub backbone of `models/keras_models.py` ('all' takes
-the reference models and KERAS: resnet50, vgg16, mobilenetv2, gpt2, bert).
+every Keras application and keras_hub backbone of `models/keras_models.py`, and the models
+as users write them of `models/user_models.py` (a subclassed model with a custom layer, a
+functional one with a shared layer and two outputs); 'all' takes the reference models,
+KERAS (resnet50, vgg16, mobilenetv2, gpt2, bert) and USER (user_subclassed,
+user_functional).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from tofu_tf.op_semantics.catalog import DESCRIBED, MISSING, OPAQUE, catalog
 
 REFERENCE = ("mlp", "wresnet", "lstm", "transformer")
 KERAS = ("resnet50", "vgg16", "mobilenetv2", "gpt2", "bert")
+USER = ("user_subclassed", "user_functional")
 COMPUTE_HEAVY = ("MatMul", "BatchMatMulV2", "Einsum", "Conv2D", "Conv2DBackpropInput",
                  "Conv2DBackpropFilter", "MaxPool", "MaxPoolGrad", "AvgPool", "AvgPoolGrad",
                  "Softmax", "SoftmaxCrossEntropyWithLogits",
@@ -86,10 +90,14 @@ def model_graphs(name: str, batch_size: int = 2):
         from tofu_tf.models.keras_models import build_keras_step
         step = build_keras_step(name, batch_size=batch_size)
         yield import_concrete_function(step.concrete_function()).graph
+    elif name in USER:
+        from tofu_tf.models.user_models import build_user_step
+        step = build_user_step(name)           # holds the model while its step imports
+        yield import_concrete_function(step.concrete_function()).graph
     else:
         from tofu_tf.errors import TofuError
         raise TofuError(f"unknown model '{name}'; choose one of "
-                        f"{', '.join(REFERENCE + _keras_models())} or all.")
+                        f"{', '.join(REFERENCE + _keras_models() + USER)} or all.")
 
 
 def _keras_models() -> tuple[str, ...]:
@@ -107,7 +115,8 @@ def coverage(names) -> Coverage:
 
 def main(argv) -> int:
     from absl import flags
-    names = REFERENCE + KERAS if flags.FLAGS.model == "all" else flags.FLAGS.model.split(",")
+    names = (REFERENCE + KERAS + USER if flags.FLAGS.model == "all"
+             else flags.FLAGS.model.split(","))
     result = coverage(names)
     print(result.table())
     return 1 if result.totals()[MISSING] else 0
