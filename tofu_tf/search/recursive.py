@@ -107,6 +107,9 @@ class SearchResult:
                                              self.multipliers))
 
     def cost(self, objective: Objective) -> float:
+        """What candidate plans are ranked by: the search's objective, or under
+        Objective.TIME the predicted transfer time alone (the prices stay in each level's
+        own search)."""
         return self.transfer_seconds if objective is Objective.TIME else self.objective
 
 
