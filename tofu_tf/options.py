@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 import re
 from dataclasses import dataclass
 
@@ -131,3 +132,13 @@ class Options:
     # as a running sum (search/reorder.py): the weight gradients do not all wait for the
     # end of the backward pass.
     early_updates: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("flop_bytes", "transfer_bytes"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float))
+                                          and math.isfinite(value) and value >= 0):
+                raise TofuError(f"Options.{name} is {value!r}: a price in bytes is a finite "
+                                "number >= 0.",
+                                fix="pass 0 (not priced), a positive number of bytes, or None "
+                                    "(the step profile's rate).")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from tofu_tf.errors import TofuError
 from tofu_tf.options import Options
 from tofu_tf.search.profiles import PROFILES, flop_bytes
 from tofu_tf.search.recursive import search
@@ -33,3 +34,10 @@ def test_the_price_is_the_profiles_rate():
     assert flop_bytes(Options(step_profile="h200_8")) == pytest.approx(
         h200.link_bandwidth / (h200.peak_flops * h200.efficiency))
     assert flop_bytes(Options(flop_bytes=0.5)) == 0.5
+
+
+@pytest.mark.parametrize("bad", [{"flop_bytes": -1.0}, {"transfer_bytes": float("inf")},
+                                 {"flop_bytes": "fast"}])
+def test_a_bad_price_is_a_typed_error(bad):
+    with pytest.raises(TofuError, match=f"Options.{next(iter(bad))}"):
+        Options(**bad)
