@@ -19,6 +19,22 @@ from tofu_tf.models.user_models import subclassed_model as _subclassed
 from tofu_tf.models.user_models import user_train_step as _train_step
 
 
+def _twins(build):
+    """Two copies of a model from the same seed, in float64 (the reference and the one
+    partitioned): (reference, its step, mine, my step, batch)."""
+    with keras_float("float64"):
+        reference, reference_step, batch = _train_step(build)
+        mine, my_step, _ = _train_step(build)
+    return reference, reference_step, mine, my_step, batch
+
+
+def _functional_rows(rng, rows: int):
+    """A tf.data Dataset of `rows` (x, y1, y2) examples for the functional model."""
+    return tf.data.Dataset.from_tensor_slices((
+        rng.normal(size=(rows, 20)), rng.integers(0, 10, rows).astype(np.int32),
+        rng.normal(size=(rows, 3))))
+
+
 def _assert_same_weights(mine, reference):
     """Every weight of `mine` equals `reference`'s (float64 tolerance), named if not."""
     for got, want in zip(mine.weights, reference.weights):
@@ -35,9 +51,7 @@ REWRITTEN = tofu_tf.Options(early_updates=True, recompute=tofu_tf.Recompute.CHEA
     ids=["subclassed-custom-layer", "functional-shared-two-outputs",
          "subclassed-rewritten-keras-adam"])
 def test_user_model_trains_like_tf_function(build, devices, options):
-    with keras_float("float64"):
-        reference, reference_step, batch = _train_step(build)
-        mine, my_step, _ = _train_step(build)
+    reference, reference_step, mine, my_step, batch = _twins(build)
     assert all(w.dtype == "float64" for w in mine.weights)
     partitioned = tofu_tf.function(my_step, num_devices=devices, options=options)
     whole = tf.function(reference_step)
@@ -59,13 +73,9 @@ def test_user_model_trains_like_tf_function(build, devices, options):
 def test_fed_from_a_dataset():
     """The decorated step called in a loop over a tf.data pipeline (shuffled, batched,
     prefetched), as users feed it: the same losses and weights as tf.function's."""
-    with keras_float("float64"):
-        reference, reference_step, _ = _train_step(_functional)
-        mine, my_step, _ = _train_step(_functional)
-    rng = np.random.default_rng(2)
-    data = tf.data.Dataset.from_tensor_slices((
-        rng.normal(size=(32, 20)), rng.integers(0, 10, 32).astype(np.int32),
-        rng.normal(size=(32, 3)))).shuffle(32, seed=0).batch(8, drop_remainder=True)
+    reference, reference_step, mine, my_step, _ = _twins(_functional)
+    data = _functional_rows(np.random.default_rng(2), 32).shuffle(32, seed=0).batch(
+        8, drop_remainder=True)
     partitioned = tofu_tf.function(my_step, num_devices=4)
     whole = tf.function(reference_step)
     losses = [(partitioned(*batch).numpy(), whole(*batch).numpy())
@@ -79,13 +89,8 @@ def test_fed_from_a_dataset():
 def test_train_takes_a_dataset_iterator():
     """`partitioned.train(iterator)`: a step per batch until the iterator ends (or `steps`),
     with each device fed its own share of the batch (Options.shard_feeds)."""
-    with keras_float("float64"):
-        reference, reference_step, _ = _train_step(_functional)
-        mine, my_step, _ = _train_step(_functional)
-    rng = np.random.default_rng(4)
-    data = tf.data.Dataset.from_tensor_slices((
-        rng.normal(size=(40, 20)), rng.integers(0, 10, 40).astype(np.int32),
-        rng.normal(size=(40, 3)))).batch(8, drop_remainder=True)
+    reference, reference_step, mine, my_step, _ = _twins(_functional)
+    data = _functional_rows(np.random.default_rng(4), 40).batch(8, drop_remainder=True)
     partitioned = tofu_tf.function(my_step, num_devices=4,
                                    options=tofu_tf.Options(shard_feeds=True))
     got = partitioned.train(iter(data), steps=4)

@@ -43,7 +43,8 @@ from tofu_tf.rewrite.ledger import Ledger
 from tofu_tf.rewrite.nodedefs import GraphBuilder, Ref, dtype_enum
 from tofu_tf.rewrite.partition import (ON_VALUES, Box, DeviceOp, Partition, contains,
                                       fetched_from, narrow_update, nonempty, own_shard,
-                                      partition, reducer_identity, shared_prefix)
+                                      partition, reads_values, reducer_identity,
+                                      shared_prefix)
 from tofu_tf.importer.tf_attrs import to_attr_value
 from tofu_tf.search.cost import box_volume
 from tofu_tf.search.plan import Plan
@@ -249,7 +250,7 @@ class _Emitter:
                 return None                   # the device stores none of the variable
         inputs = [self._input(op, piece, i, t) for i, t in enumerate(op.inputs)]
         op_type, attrs = piece.op_type, _local_attrs(op, node, piece.attrs)
-        if any(t in self.variable_of and inputs[i] != self.handles[(t, d)]
+        if any(t in self.variable_of and reads_values(op.type, piece, i, self.parts.stored[t][d])
                for i, t in enumerate(op.inputs)):
             op_type, attrs, inputs = self._on_values(op, attrs, inputs, d)
         name = self._name(op.name)
@@ -296,8 +297,7 @@ class _Emitter:
         d = piece.device
         spec = self.graph.tensors[t]
         if t in self.variable_of:
-            if op.type in ON_VALUES and not own_shard(piece, i, self.parts.stored[t][d]) \
-                    and not any(p0 or p1 for p0, p1 in piece.inputs[i].pads):
+            if reads_values(op.type, piece, i, self.parts.stored[t][d]):
                 return self._resource_value(t, piece.inputs[i].data, d, op)
             if not own_shard(piece, i, self.parts.stored[t][d]):
                 raise RewriteError(

@@ -236,6 +236,14 @@ def own_shard(piece: DeviceOp, i: int, stored: Box) -> bool:
         p0 or p1 for p0, p1 in read.pads)
 
 
+def reads_values(op_type: str, piece: DeviceOp, i: int, stored: Box) -> bool:
+    """Whether input i, a variable handle, is read as values off the shards (ON_VALUES):
+    the op has a values form and reads an unpadded region other than its device's shard."""
+    read = piece.inputs[i]
+    return (op_type in ON_VALUES and read is not None and not own_shard(piece, i, stored)
+            and not any(p0 or p1 for p0, p1 in read.pads))
+
+
 def narrow_update(op, sem: Semantics, piece: DeviceOp,
                   stored: Mapping[str, tuple[Box, ...]]) -> DeviceOp | None:
     """The in-place update narrowed to the shard its device stores (None: it stores none):

@@ -40,9 +40,9 @@ from typing import Mapping, Sequence
 
 from tofu_tf.graph import DTYPE_SIZES, Graph
 from tofu_tf.op_semantics.catalog import OpEntry
-from tofu_tf.rewrite.partition import (ON_VALUES, Box, DeviceOp, Partition, all_reduces,
-                                      contains, exchange_root, exchanges, fetched_from,
-                                      narrow_update, nonempty, own_shard, parse_state,
+from tofu_tf.rewrite.partition import (Box, DeviceOp, Partition, all_reduces, contains,
+                                      exchange_root, exchanges, fetched_from, narrow_update,
+                                      nonempty, own_shard, parse_state, reads_values,
                                       reduce_target, shared_prefix)
 from tofu_tf.search.cost import box_volume
 from tofu_tf.search.plan import Plan
@@ -121,8 +121,7 @@ class _Pricer:
             if piece is None:
                 return
         for i, t in enumerate(op.inputs):
-            if t in self.handles and op.type in ON_VALUES and \
-                    not own_shard(piece, i, self.parts.stored[t][d]):     # off the shards
+            if t in self.handles and reads_values(op.type, piece, i, self.parts.stored[t][d]):
                 self._read_from(t, piece.inputs[i].data, d, self.parts.stored[t], relay=False)
                 continue
             if t in self.handles or i in piece.const_inputs:

@@ -188,11 +188,10 @@ class WrappedRunner:
                     variable = tf.Variable(np.asarray(values[name])[box_slices(shard.box)])
                 self.shards[(name, shard.device)] = variable
                 handles.append(wrapped.graph.get_tensor_by_name(shard.handle + ":0"))
-        shards = optimized.feed_shards
-        self._inputs = [(name, box) for name in optimized.feeds
-                        for _, _, box in shards.get(name, ((name, 0, None),))]
-        feeds = [wrapped.graph.get_tensor_by_name(placeholder) for name in optimized.feeds
-                 for placeholder, _, _ in shards.get(name, ((name, 0, None),))] + handles
+        # the emitted graph's placeholders, in the order `run` passes `feed_dict`'s values
+        self._placeholders = [placeholder for name in optimized.feeds for placeholder, _, _ in
+                              optimized.feed_shards.get(name, ((name, 0, None),))]
+        feeds = [wrapped.graph.get_tensor_by_name(p) for p in self._placeholders] + handles
         fetches = [wrapped.graph.get_tensor_by_name(f) if ":" in f
                    else wrapped.graph.get_operation_by_name(f) for f in optimized.fetches]
         self._function = wrapped.prune(feeds=feeds, fetches=fetches)
@@ -200,9 +199,9 @@ class WrappedRunner:
                          for name, shards in optimized.shards.items() for s in shards]
 
     def run(self, feeds: Mapping[str, np.ndarray]):
-        inputs = [tf.constant(np.asarray(feeds[name])[box_slices(box)] if box is not None
-                              else feeds[name]) for name, box in self._inputs]
-        return self._function(*inputs, *self._handles)
+        fed = self.optimized.feed_dict(feeds)
+        return self._function(*(tf.constant(fed[p]) for p in self._placeholders),
+                              *self._handles)
 
     def values(self) -> dict[str, np.ndarray]:
         out = {}

@@ -78,12 +78,11 @@ class LevelModel:
         if self.problem is None or not self.flop_bytes:
             return np.zeros(len(self.vectors[op]))
         key = self.problem.geometries.get(op)
-        found = self._work.get(key if key is not None else op)
-        if found is None:
-            found = self._work[key if key is not None else op] = choice_work(
-                self.problem.k, self.vectors.ops[op], self.problem.choices[op],
-                self.flop_bytes)
-        return found
+        key = op if key is None else key
+        if key not in self._work:
+            self._work[key] = choice_work(self.problem.k, self.vectors.ops[op],
+                                          self.problem.choices[op], self.flop_bytes)
+        return self._work[key]
 
     def group_states(self, group: int) -> tuple[OutputState, ...]:
         return self.problem.states(self.coarse.members[group][0])
