@@ -132,8 +132,18 @@ class Options:
     # as a running sum (search/reorder.py): the weight gradients do not all wait for the
     # end of the backward pass.
     early_updates: bool = False
+    # Cut the devices into this many pipeline stages (search/pipeline.py): each op runs on
+    # the devices of one stage only, partitioned over them as the search plans one
+    # stage's devices; a step that accumulates gradients over micro-batches then flows
+    # through the stages. 1: no pipeline.
+    pipeline_stages: int = 1
 
     def __post_init__(self) -> None:
+        if not isinstance(self.pipeline_stages, int) or self.pipeline_stages < 1:
+            raise TofuError(f"Options.pipeline_stages is {self.pipeline_stages!r}: a count "
+                            "of stages is a whole number >= 1.",
+                            fix="pass 1 (no pipeline) or a stage count that divides the "
+                                "devices.")
         for name in ("flop_bytes", "transfer_bytes"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float))

@@ -41,23 +41,25 @@ def reduce_all(em, t: str, op: str) -> dict[int, dict[Box, Ref]]:
     states = [parse_state(s) for s in em.plan_states(t)]
     if all_reduces(em.use_v2, reducer, levels, states):
         return _all_reduce_v2(em, t, op, levels, reducer)
-    if exchanges(levels, states, [value.box for value in em.produced[t]], em.itemsize(t)):
+    if exchanges(levels, states, [value and value.box for value in em.produced[t]],
+                 em.itemsize(t)):
         return _exchange(em, t, op, levels, reducer)
     coordinates = em.parts.coordinates
+    active = em.active(t)
     targets = {d: reduce_target(em.produced[t][d].box, levels, states, coordinates(d),
-                                em.parts.ways) for d in range(em.n)}
+                                em.parts.ways) if d in active else None for d in range(em.n)}
     # Every device starts with its (scaled) partial result of D, cut into the targets of
     # its group: pieces are (owners, box, tensor), a run of owners whose targets tile one
     # box sharing a piece.
     pieces: dict[int, list[tuple[tuple[int, ...], Box, Ref]]] = {}
-    for d in range(em.n):
+    for d in active:
         owners = tuple(e for e in em.parts.group(d, levels) if targets[e] is not None)
         produced = em.produced[t][d]
         pieces[d] = [(run, _union(run, targets), em._cut(produced, _union(run, targets), d))
                      for run in _runs(owners, targets, [[(owners, produced.box, None)]])]
     for level in reversed(levels):                         # reduce-scatter, inner first
         new = {}
-        for d in range(em.n):
+        for d in active:
             members = em.parts.group(d, (level,))
             mine = tuple(e for owners, _, _ in pieces[d] for e in owners
                          if coordinates(e)[level] == coordinates(d)[level])
@@ -74,8 +76,8 @@ def reduce_all(em, t: str, op: str) -> dict[int, dict[Box, Ref]]:
         pieces = new
     for level in levels:                                   # all-gather where replicated
         if states[level].kind == "replicated":
-            pieces = {d: _gather(em, t, op, pieces, d, level, targets) for d in range(em.n)}
-    return {d: {box: tensor for _, box, tensor in pieces[d]} for d in range(em.n)}
+            pieces = {d: _gather(em, t, op, pieces, d, level, targets) for d in active}
+    return {d: {box: tensor for _, box, tensor in pieces[d]} for d in active}
 
 
 @dataclass(frozen=True)
@@ -178,7 +180,7 @@ def _exchange(em, t: str, op: str, levels, reducer: str) -> dict[int, dict[Box, 
     a stored region). Copies combine in member order, so replicas stay bit-identical."""
     produced = em.produced[t]
     held: dict[int, dict[Box, Ref]] = {}
-    for d in range(em.n):
+    for d in em.active(t):
         group = em.parts.group(d, levels)
         if group[0] != d:
             continue
@@ -200,7 +202,7 @@ def _all_reduce_v2(em, t: str, op: str, levels, reducer: str) -> dict[int, dict]
     NCCL on GPUs): 2 (g - 1) / g of the region per member, as the levels' sum prices it."""
     held: dict[int, dict] = {}
     done: set[int] = set()
-    for d in range(em.n):
+    for d in em.active(t):
         if d in done:
             continue
         group = em.parts.group(d, levels)

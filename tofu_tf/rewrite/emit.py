@@ -329,9 +329,11 @@ class _Emitter:
     def _read(self, t: str, box: Box, d: int, op: str) -> Ref:
         """The region `box` of tensor t on device d, from the devices storing it (only
         d's own stored box is materialised when it holds the region)."""
-        if contains(self.parts.stored[t][d], box):
+        stored = self.parts.stored[t]
+        if stored[d] is not None and contains(stored[d], box):
             return self._cut(self._stored(t, d, op), box, d)
-        sources = [self._stored(t, e, op) for e in range(self.n)]
+        sources = [self._stored(t, e, op) if stored[e] is not None else None
+                   for e in range(self.n)]
         return self._assemble(t, box, d, sources, "fetch", op)
 
     def _stored(self, t: str, d: int, op: str) -> _Value:
@@ -479,6 +481,10 @@ class _Emitter:
         group_key = self._group_keys.setdefault(tuple(group), len(self._group_keys) + 1)
         return group_key, next(self._instances)
 
+    def active(self, t: str) -> list[int]:
+        """The devices that produced t (its stage's, with pipeline stages)."""
+        return [d for d, value in enumerate(self.produced[t]) if value is not None]
+
     def itemsize(self, t: str) -> int:
         return DTYPE_SIZES.get(self.graph.tensors[t].dtype, 4)
 
@@ -558,8 +564,11 @@ class _Emitter:
         sources, op = [], read_op.name
         for e in range(self.n):
             key = ("value", op, t, e)
+            box_e = self.parts.stored[t][e]
+            if box_e is None:                     # outside the variable's stage
+                sources.append(None)
+                continue
             if key not in self.stored:
-                box_e = self.parts.stored[t][e]
                 dtype = dtype_enum(self.variable_of[t].dtype)
                 read = self.out.node("ReadVariableOp", self._name("read"), e,
                                      (self.handles[(t, e)],),

@@ -46,6 +46,7 @@ from tofu_tf.op_semantics.registry import NAMING_ATTRS, Semantics, freeze
 from tofu_tf.search.cost import Box, box_volume   # Box: [start, stop) per dim, global coords
 from tofu_tf.search.plan import Plan
 from tofu_tf.search.problem import opaque_local
+from tofu_tf.search.pipeline import stage_of_devices
 from tofu_tf.search.topology import coordinates
 
 REPLICATE = "replicate"
@@ -95,7 +96,8 @@ class DeviceOp:
 @dataclass(frozen=True)
 class Partition:
     ways: tuple[int, ...]
-    stored: Mapping[str, tuple[Box, ...]]            # tensor -> box per device
+    stored: Mapping[str, tuple[Box | None, ...]]     # tensor -> box per device (None: the
+    #                                                  device is outside the tensor's stage)
     ops: Mapping[str, tuple[DeviceOp, ...]]          # op -> one per device
 
     @property
@@ -201,12 +203,13 @@ def exchanges(levels, states: list[OutputState], produced: Sequence[Box | None],
                 for box in produced))
 
 
-def fetched_from(parts: Partition, t: str) -> range:
-    """The devices whose stored boxes of t a fetch (gathered on device 0) uses: device 0's
-    alone where it stores the whole tensor, else every device's."""
-    first, *others = parts.stored[t]
-    whole = all(contains(first, other) for other in others)
-    return range(1) if whole else range(parts.num_devices)
+def fetched_from(parts: Partition, t: str) -> list[int]:
+    """The devices whose stored boxes of t a fetch (gathered on device 0) uses: the first
+    holder's alone where it stores the whole tensor, else every holder's."""
+    holders = [d for d, box in enumerate(parts.stored[t]) if box is not None]
+    first = parts.stored[t][holders[0]]
+    whole = all(contains(first, parts.stored[t][d]) for d in holders)
+    return holders[:1] if whole else holders
 
 
 def contains(outer: Box, inner: Box) -> bool:
@@ -323,7 +326,28 @@ def partition(graph: Graph, entries: Mapping[str, OpEntry], plan: Plan,
         ops[op.name] = pieces
         if key is not None:
             alike[key] = pieces
+    if plan.stages:
+        ops, stored = _staged(graph, plan.stages, ways, ops, stored)
     return Partition(ways, stored, ops)
+
+
+def _staged(graph: Graph, stages: Mapping[str, int], ways, ops, stored):
+    """Pipeline stages (search/pipeline.py): an op's pieces outside its stage's devices
+    run nothing (`elsewhere`), and its results are stored on its stage's devices alone."""
+    stage_of = stage_of_devices(ways)
+    ops = {name: pieces if stages.get(name) is None else tuple(
+        piece if stage_of[piece.device] == stages[name]
+        else dataclasses.replace(piece, elsewhere=True) for piece in pieces)
+        for name, pieces in ops.items()}
+    stored = dict(stored)
+    for op in graph:
+        if stages.get(op.name) is None:
+            continue
+        for t in op.outputs:
+            if t in stored:
+                stored[t] = tuple(box if stage_of[d] == stages[op.name] else None
+                                  for d, box in enumerate(stored[t]))
+    return ops, stored
 
 
 # Ops every device runs as itself: sources, and reads of a variable's own copy.

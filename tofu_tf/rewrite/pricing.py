@@ -141,17 +141,20 @@ class _Pricer:
     # -- reads and stored boxes ------------------------------------------------------------
     def _read(self, t: str, box: Box, d: int) -> None:
         stored = self.parts.stored[t]
-        if contains(stored[d], box):
+        if stored[d] is not None and contains(stored[d], box):
             self._use(t, d)
             return
         for e in range(self.n):
-            self._use(t, e)
+            if stored[e] is not None:
+                self._use(t, e)
         self._read_from(t, box, d, stored)
 
-    def _read_from(self, t: str, box: Box, d: int, sources: Sequence[Box],
+    def _read_from(self, t: str, box: Box, d: int, sources: Sequence[Box | None],
                    relay: bool = True) -> None:
-        """Box of t on d from per-device boxes: what d lacks comes from the holders."""
-        self._receive(t, box, d, [(e, [b]) for e, b in enumerate(sources)], relay)
+        """Box of t on d from per-device boxes (None: holds none): what d lacks comes
+        from the holders."""
+        self._receive(t, box, d, [(e, [b] if b is not None else [])
+                                  for e, b in enumerate(sources)], relay)
 
     def _use(self, t: str, e: int) -> None:
         if (t, e) in self.used:
@@ -201,12 +204,13 @@ class _Pricer:
         levels = tuple(sorted(levels))
         states = [parse_state(s) for s in self.plan_states(t)]
         produced = self.produced[t]
+        active = [d for d in range(self.n) if produced[d] is not None]   # its stage's
         if all_reduces(self.use_v2, reducer, levels, states):
-            self.held[t] = self._all_reduce(t, levels, produced)
+            self.held[t] = self._all_reduce(t, levels, produced, active)
             return self.held[t]
         if exchanges(levels, states, produced, DTYPE_SIZES.get(self.graph.tensors[t].dtype, 4)):
             self.held[t] = [[] for _ in range(self.n)]
-            for d in range(self.n):          # partners' whole copies, or to the root
+            for d in active:                 # partners' whole copies, or to the root
                 group = self.parts.group(d, levels)
                 if exchange_root(t, group) in (None, d):
                     for m in group:
@@ -215,12 +219,12 @@ class _Pricer:
             return self.held[t]
         group = self.parts.group
         targets = [reduce_target(produced[d], levels, states, self.coords[d], self.parts.ways)
-                   for d in range(self.n)]
+                   if produced[d] is not None else None for d in range(self.n)]
         pieces = {d: [e for e in group(d, levels) if targets[e] is not None]
-                  for d in range(self.n)}
+                  for d in active}
         for level in reversed(levels):                       # reduce-scatter, inner first
             new = {}
-            for d in range(self.n):
+            for d in active:
                 mine = [e for e in pieces[d] if self.coords[e][level] == self.coords[d][level]]
                 for e in sorted(mine):
                     for m in group(d, (level,)):
@@ -231,7 +235,7 @@ class _Pricer:
             if states[level].kind != "replicated":
                 continue
             new = {d: list(p) for d, p in pieces.items()}
-            for d in range(self.n):
+            for d in active:
                 boxes = {targets[e] for e in new[d]}
                 for m in group(d, (level,)):
                     for e in pieces[m]:
@@ -241,16 +245,16 @@ class _Pricer:
                         new[d].append(e)
                         boxes.add(targets[e])
             pieces = new
-        self.held[t] = [[targets[e] for e in pieces[d]] for d in range(self.n)]
+        self.held[t] = [[targets[e] for e in pieces.get(d, ())] for d in range(self.n)]
         return self.held[t]
 
-    def _all_reduce(self, t: str, levels, produced) -> list[list[Box]]:
+    def _all_reduce(self, t: str, levels, produced, active) -> list[list[Box]]:
         itemsize = DTYPE_SIZES.get(self.graph.tensors[t].dtype, 4)
-        for d in range(self.n):
+        for d in active:
             group = self.parts.group(d, levels)
             size = len(group)
             nbytes = 2 * (size - 1) * box_volume(produced[d]) * itemsize // size
             src = group[(group.index(d) - 1) % size]
             if src != d and nbytes:
                 self.per_level[self.level(src, d)] += nbytes
-        return [[produced[d]] for d in range(self.n)]
+        return [[produced[d]] if produced[d] is not None else [] for d in range(self.n)]

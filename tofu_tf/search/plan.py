@@ -84,6 +84,9 @@ class Plan:
     # moved early (search/reorder.py) and these forward ops recomputed (search/recompute.py).
     early_updates: bool = False
     recompute: tuple[str, ...] = ()
+    # Pipeline stages (search/pipeline.py): op -> the stage whose devices run it; level 1
+    # is then the stage level (its ways the stage count). Empty: no pipeline.
+    stages: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def num_devices(self) -> int:
@@ -201,6 +204,13 @@ class Plan:
                          f"(one device, unpartitioned: {human_bytes(self.single_device_peak_bytes)}"
                          f"; ideal 1/{self.num_devices}: "
                          f"{human_bytes(self.single_device_peak_bytes / self.num_devices)})")
+        if self.stages:
+            counts = [0] * self.levels[0].ways
+            for stage in self.stages.values():
+                counts[stage] += 1
+            lines.append(f"  pipeline: {len(counts)} stages of "
+                         f"{self.num_devices // len(counts)} devices, ops per stage "
+                         + ", ".join(map(str, counts)))
         if self.early_updates or self.recompute:
             lines.append("  step rewrites: " + "; ".join(
                 (["updates early, gradient sums running"] if self.early_updates else []) +
@@ -305,8 +315,24 @@ def make_plan(graph: Graph, topology: Topology | None = None, *, num_devices: in
     """Search the plan of `graph` over `topology` (or num_devices) that moves the fewest
     bytes, repeated computation priced in bytes (`Options.flop_bytes`); with
     `options.memory_budget_bytes`, the least such plan found that fits."""
+    topology = topology or Topology.default(num_devices)
     with paused_gc():      # the plan's memory figures walk the whole graph too
-        return _make_plan(graph, topology or Topology.default(num_devices), options)
+        if options.pipeline_stages > 1:
+            return _pipeline_plan(graph, topology, options)
+        return _make_plan(graph, topology, options)
+
+
+def _pipeline_plan(graph: Graph, topology: Topology, options: Options) -> Plan:
+    """The plan over one stage's devices, with the stage level in front (search/pipeline.py):
+    each op's stage from the step the plan partitions, and each device's memory estimate
+    from its own stage's ops."""
+    from tofu_tf.search.pipeline import assign_stages, split_topology, with_stages
+    start = time.perf_counter()
+    stage_level, inner = split_topology(topology, options.pipeline_stages)
+    plan = _make_plan(graph, inner, dataclasses.replace(options, pipeline_stages=1))
+    stages = assign_stages(step_graph(graph, plan), stage_level.ways)
+    plan = with_stages(plan, stage_level, stages)
+    return dataclasses.replace(plan, search_seconds=time.perf_counter() - start)
 
 
 def _make_plan(graph: Graph, topology: Topology, options: Options) -> Plan:

@@ -1,0 +1,189 @@
+"""Pipeline stages: the outermost level of a topology cut into stages (no TensorFlow).
+
+With `Options.pipeline_stages` = S over N devices, the devices form S groups of N / S
+(the stage level, outermost), and every op runs on the devices of one group only, its
+stage, partitioned over them by the levels below as the search planned them. Each
+device then holds its stage's variables, slots and activations alone; tensors that
+cross a stage boundary (activations forward, their gradients backward) travel between
+the groups as plain cross-device edges, device p of one group to device p of the next.
+
+`assign_stages` decides the stage of every op from the variables, so that a layer's
+ops, their gradients and its weights' updates stay together:
+
+1. Variables that one op reads through their handles (a weight and its optimizer slots,
+   an update that touches several) are one unit; units are ordered by their first read
+   in the forward pass and cut into S runs of about equal bytes (the memory a stage
+   holds for the whole step).
+2. An op that reads a variable's handle (its reads, updates, gathers) runs in the
+   variable's stage; any other forward op runs in the latest stage of what it reads, so
+   the forward pass only moves forward through the stages.
+3. A gradient op runs in its forward op's stage (`Op.forward_op`); the rest (gradient
+   sums, fed tensors, shape arithmetic) run in the earliest stage that reads them, or
+   else the latest that feeds them. Constants are not staged: every device that reads
+   one holds its own copy.
+
+Any assignment is numerically exact (it only places ops), so these rules decide speed
+and memory, never the numbers.
+
+Micro-batches: a step that accumulates gradients over M slices of its batch (the model
+builders' `micro_batches`) has M copies of each layer's ops, all reading the layer's
+weights, so they share its stage. TensorFlow's executor runs an op as soon as its inputs
+are ready, so stage s works on micro-batch m + 1 while stage s + 1 works on micro-batch
+m (GPipe's schedule: the forward passes of all micro-batches, then their backward passes,
+in the order the step wrote them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping
+
+from tofu_tf.errors import PlanInfeasibleError
+from tofu_tf.graph import Graph, Op, Role
+from tofu_tf.search.topology import Level, Topology
+
+UNSTAGED = ("Const",)            # every device holds its own copy
+
+
+def split_topology(topology: Topology, stages: int) -> tuple[Level, Topology]:
+    """(the stage level, the topology of one stage's devices) for `stages` stages over
+    `topology`'s devices: the stage level takes the outermost levels' links."""
+    n = topology.num_devices
+    if stages < 2 or n % stages or n == stages:
+        raise PlanInfeasibleError(
+            f"{stages} pipeline stages over {n} devices: each stage needs the same number "
+            f"of devices, at least 2.",
+            fix=f"pass a stage count >= 2 that divides {n} into groups of 2 or more "
+                f"devices (e.g. {[s for s in range(2, n) if n % s == 0 and n // s >= 2]}).")
+    outer = topology.levels[0]
+    stage_level = Level(stages, outer.bandwidth, outer.latency, name="stages")
+    if outer.ways == stages:
+        return stage_level, Topology(topology.levels[1:])
+    inner = topology.levels[-1]
+    return stage_level, Topology.default(n // stages, inner.bandwidth, inner.latency)
+
+
+def assign_stages(graph: Graph, stages: int) -> dict[str, int]:
+    """op name -> stage (module docstring); constants are left out."""
+    handles = {v.handle: v.name for v in graph.variables.values()}
+    unit = _variable_units(graph, handles)
+    order = _forward_order(graph, handles)
+    sizes: dict[str, int] = {}
+    for v in graph.variables.values():
+        sizes[unit[v.name]] = sizes.get(unit[v.name], 0) + v.num_bytes
+    units = sorted(sizes, key=lambda u: (order.get(u, len(graph)), u))
+    if len(units) < stages:
+        raise PlanInfeasibleError(
+            f"{stages} pipeline stages, but the step has {len(units)} independent "
+            f"variable groups to spread over them.",
+            fix="use fewer pipeline stages (a stage holds at least one layer's weights).")
+    total, before, unit_stage, previous = sum(sizes.values()) or 1, 0, {}, 0
+    for i, u in enumerate(units):
+        wanted = int((before + sizes[u] / 2) / total * stages)
+        # no stage skipped, and enough units left for the stages after this one
+        previous = max(min(wanted, previous + 1 if i else 0, stages - 1),
+                       previous, stages - (len(units) - i))
+        unit_stage[u] = previous
+        before += sizes[u]
+    var_stage = {name: unit_stage[unit[name]] for name in graph.variables}
+
+    stage: dict[str, int] = {}
+    for op in graph:
+        forced = [var_stage[handles[t]] for t in op.inputs + op.outputs if t in handles]
+        if op.type in UNSTAGED:
+            continue
+        if forced:
+            stage[op.name] = max(forced)
+        elif op.role is Role.FORWARD:
+            fed = [stage[p] for p in _producers(graph, op) if p in stage]
+            if fed:
+                stage[op.name] = max(fed)
+        elif op.forward_op is not None and op.forward_op in stage:
+            stage[op.name] = stage[op.forward_op]
+    for op in reversed(graph.ops):                 # the rest: the earliest reader's stage
+        if op.name in stage or op.type in UNSTAGED:
+            continue
+        read = [stage[c.name] for t in op.outputs for c in graph.consumers(t)
+                if c.name in stage]
+        if read:
+            stage[op.name] = min(read)
+    for op in graph:                               # else the latest that feeds it
+        if op.name not in stage and op.type not in UNSTAGED:
+            fed = [stage[p] for p in _producers(graph, op) if p in stage]
+            stage[op.name] = max(fed, default=0)
+    return stage
+
+
+def _producers(graph: Graph, op: Op) -> list[str]:
+    return [graph.producer(t).name for t in op.inputs]
+
+
+def _variable_units(graph: Graph, handles: Mapping[str, str]) -> dict[str, str]:
+    """variable -> its unit's representative: variables that one op reads through their
+    handles, and slots with their variables, are one unit (union-find)."""
+    parent = {name: name for name in graph.variables}
+
+    def find(x: str) -> str:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    def union(a: str, b: str) -> None:
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+
+    for v in graph.variables.values():
+        if v.slot_of in parent:
+            union(v.name, v.slot_of)
+    for op in graph:
+        touched = [handles[t] for t in op.inputs if t in handles]
+        for other in touched[1:]:
+            union(touched[0], other)
+    return {name: find(name) for name in graph.variables}
+
+
+def _forward_order(graph: Graph, handles: Mapping[str, str]) -> dict[str, int]:
+    """unit representative -> the position of the first forward op reading it (through
+    its handle or a read of it)."""
+    unit = _variable_units(graph, handles)
+    first: dict[str, int] = {}
+    for i, op in enumerate(graph):
+        if op.role is not Role.FORWARD:
+            continue
+        for t in op.inputs:
+            name = handles.get(t)
+            if name is None:
+                producer = graph.producer(t)
+                if producer.type == "ReadVariableOp" and producer.inputs[0] in handles:
+                    name = handles[producer.inputs[0]]
+            if name is not None:
+                first.setdefault(unit[name], i)
+    return first
+
+
+def stage_of_devices(ways: tuple[int, ...]) -> list[int]:
+    """Per device (row-major over `ways`), its stage: its coordinate at the stage level."""
+    n, per_stage = 1, 1
+    for k in ways:
+        n *= k
+    for k in ways[1:]:
+        per_stage *= k
+    return [d // per_stage for d in range(n)]
+
+
+def with_stages(plan, stage_level: Level, stages: Mapping[str, int]):
+    """`plan` (searched for one stage's devices) with the stage level prepended: every
+    tensor stored R and every op a `replicate` there (each group would run all of it),
+    and `stages` saying which group runs each op (partition.py keeps the others idle)."""
+    from tofu_tf.search.plan import LevelPlan
+    groups = set(plan.groups.values())
+    level = LevelPlan(stage_level.ways, stage_level.bandwidth, stage_level.latency, 1,
+                      {g: "R" for g in sorted(groups)}, {}, 0.0, True)
+    n = stage_level.ways * plan.num_devices
+    peaks = plan.per_device_peak_bytes
+    return dataclasses.replace(
+        plan, topology=((stage_level.ways, stage_level.bandwidth, stage_level.latency),)
+        + tuple(plan.topology), levels=(level,) + tuple(plan.levels),
+        stages=dict(stages), per_device_peak_bytes=(peaks[0],) * n if peaks else ())
