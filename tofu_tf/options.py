@@ -135,15 +135,16 @@ class Options:
     # Cut the devices into this many pipeline stages (search/pipeline.py): each op runs on
     # the devices of one stage only, partitioned over them as the search plans one
     # stage's devices; a step that accumulates gradients over micro-batches then flows
-    # through the stages. 1: no pipeline.
+    # through the stages. 1: no pipeline; 0: the count (1 included) whose plan is
+    # predicted fastest on `step_profile` (within the budget, if any).
     pipeline_stages: int = 1
 
     def __post_init__(self) -> None:
-        if not isinstance(self.pipeline_stages, int) or self.pipeline_stages < 1:
+        if not isinstance(self.pipeline_stages, int) or self.pipeline_stages < 0:
             raise TofuError(f"Options.pipeline_stages is {self.pipeline_stages!r}: a count "
-                            "of stages is a whole number >= 1.",
-                            fix="pass 1 (no pipeline) or a stage count that divides the "
-                                "devices.")
+                            "of stages is a whole number >= 0.",
+                            fix="pass 1 (no pipeline), a stage count that divides the "
+                                "devices, or 0 (the search chooses).")
         for name in ("flop_bytes", "transfer_bytes"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float))

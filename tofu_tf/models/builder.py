@@ -70,13 +70,14 @@ class _Setup:
     dtype: str                                # "float32" or "float64"
     layer_functions: bool                     # graph-only: one function per distinct block
     initializers: bool                        # graph-only: build the variables' `init` op
+    micro_batches: int = 1                    # gradients accumulated over batch slices
 
     def prepare(self, graph_only: bool):
         """A fresh store, the model's loss_fn and the optimizer (variables made here)."""
         store = VariableStore(graph_only=graph_only, seed=self.seed, dtype=self.dtype,
                               layer_functions=self.layer_functions,
                               initializers=self.initializers)
-        loss_fn = self.model.define(store, self.sizes, self.batch_size)
+        loss_fn = self.model.define(store, self.sizes, self.batch_size // self.micro_batches)
         return store, loss_fn, make_optimizer(self.optimizer, store)
 
     def input_specs(self):
@@ -86,17 +87,25 @@ class _Setup:
 def build_step(model: ModelDef, *, optimizer: str = "sgd", batch_size: int,
                graph_only: bool = False, seed: int = 0, learning_rate: float | None = None,
                dtype: str = DEFAULT_DTYPE, layer_functions: bool = True,
-               initializers: bool = True, **sizes) -> ModelStep:
+               initializers: bool = True, micro_batches: int = 1, **sizes) -> ModelStep:
     """`layer_functions` (graph-only): the model's repeated blocks are traced once each, as
     functions the importer inlines (blocks.py); False builds every op directly.
     `initializers=False` (graph-only): no variable initializers and no `init` op (the
-    step's `init_op` is None), for a step that is planned, never run."""
-    setup = _Setup(model, model.normalize(_complete_sizes(model, sizes)),
-                   check_positive_int("batch_size", batch_size),
+    step's `init_op` is None), for a step that is planned, never run. `micro_batches`:
+    the step accumulates the gradients of that many equal slices of its batch (see
+    `train_step`)."""
+    batch_size = check_positive_int("batch_size", batch_size)
+    micro_batches = check_positive_int("micro_batches", micro_batches)
+    if batch_size % micro_batches:
+        raise TofuError(f"a batch of {batch_size} does not cut into {micro_batches} equal "
+                        "micro-batches.", fix="pass a micro-batch count that divides the "
+                                              "batch size.")
+    setup = _Setup(model, model.normalize(_complete_sizes(model, sizes)), batch_size,
                    optimizer_config(optimizer, learning_rate), _check_seed(seed),
                    check_dtype(dtype), bool(layer_functions) and graph_only,
-                   bool(initializers) or not graph_only)
+                   bool(initializers) or not graph_only, micro_batches)
     config = {**setup.sizes, "batch_size": setup.batch_size, **setup.optimizer.as_dict(),
+              "micro_batches": micro_batches,
               "seed": seed, "graph_only": graph_only, "dtype": setup.dtype,
               "layer_functions": setup.layer_functions, "initializers": setup.initializers}
     fields = _build_graph_only(setup) if graph_only else _build_eager(setup)
@@ -104,8 +113,15 @@ def build_step(model: ModelDef, *, optimizer: str = "sgd", batch_size: int,
         model.sample, setup.sizes, setup.batch_size, setup.dtype))
 
 
-def train_step(loss_fn: LossFn, store: VariableStore, optimizer, x, y):
+def train_step(loss_fn: LossFn, store: VariableStore, optimizer, x, y,
+               micro_batches: int = 1):
     """Forward, gradients and updates; returns (loss tensor, train_op).
+
+    With `micro_batches` = M > 1, x and y are cut into M equal slices along the batch;
+    the forward passes of all slices come first, then their gradients (the last slice's
+    first, as a pipeline finishes it first); the loss is the mean of the slices' mean
+    losses and each gradient the mean of theirs (the whole batch's, for a model without
+    batch statistics), and the optimizer updates once.
 
     Embedding gradients arrive as `tf.IndexedSlices`; they are made dense with
     `tf.convert_to_tensor` (an UnsortedSegmentSum) before the optimizer, so every update
@@ -113,19 +129,33 @@ def train_step(loss_fn: LossFn, store: VariableStore, optimizer, x, y):
     """
     store.updates = []
     # A GraphVariable is differentiated through its handle (the tape sums its reads).
-    with tf.GradientTape() as tape:
-        watched = [v.handle if isinstance(v, GraphVariable) else v for v in store.trainable]
-        tape.watch(watched)
-        loss = loss_fn(x, y)
-    grads = tape.gradient(loss, watched)
-    missing = [v.name for v, g in zip(store.trainable, grads) if g is None]
+    watched = [v.handle if isinstance(v, GraphVariable) else v for v in store.trainable]
+    slices = zip(tf.split(x, micro_batches), tf.split(y, micro_batches)) \
+        if micro_batches > 1 else [(x, y)]
+    tapes, losses = [], []
+    for x_m, y_m in slices:
+        with tf.GradientTape() as tape:
+            tape.watch(watched)
+            losses.append(loss_fn(x_m, y_m))
+        tapes.append(tape)
+    per_slice = [None] * len(tapes)
+    for m in reversed(range(len(tapes))):
+        per_slice[m] = tapes[m].gradient(losses[m], watched)
+    missing = [v.name for v, g in zip(store.trainable, per_slice[0]) if g is None]
     if missing:
         raise TofuError(f"no gradient reaches variable(s) {missing}.",
                         fix="every trainable variable must feed the loss.")
-    grads = [tf.convert_to_tensor(g) for g in grads]
+    grads = [_mean([tf.convert_to_tensor(g[i]) for g in per_slice])
+             for i in range(len(watched))]
     updates = store.updates + optimizer.apply(grads)
     train_op = tf.group(*updates, name=TRAIN_OP_NAME)
-    return tf.identity(loss, name=LOSS_NAME), train_op
+    return tf.identity(_mean(losses), name=LOSS_NAME), train_op
+
+
+def _mean(terms: list[tf.Tensor]) -> tf.Tensor:
+    if len(terms) == 1:
+        return terms[0]
+    return tf.add_n(terms) / tf.cast(len(terms), terms[0].dtype)
 
 
 def _build_eager(setup: _Setup) -> dict:
@@ -135,7 +165,7 @@ def _build_eager(setup: _Setup) -> dict:
 
     @tf.function(input_signature=signature)
     def step(x, y):
-        loss, _ = train_step(loss_fn, store, optimizer, x, y)
+        loss, _ = train_step(loss_fn, store, optimizer, x, y, setup.micro_batches)
         return loss
 
     concrete = step.get_concrete_function()
@@ -151,7 +181,7 @@ def _build_graph_only(setup: _Setup) -> dict:
         x, y = (tf.compat.v1.placeholder(dtype, shape, name=name)
                 for name, (shape, dtype) in zip("xy", setup.input_specs()))
         store, loss_fn, optimizer = setup.prepare(graph_only=True)
-        loss, train_op = train_step(loss_fn, store, optimizer, x, y)
+        loss, train_op = train_step(loss_fn, store, optimizer, x, y, setup.micro_batches)
         init_op = (tf.group(*store.initializers(), name=INIT_OP_NAME).name
                    if setup.initializers else None)
     return {"graph_def": canonical_function_names(graph.as_graph_def()),

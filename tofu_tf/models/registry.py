@@ -23,7 +23,7 @@ PAPER_SIZES: dict[str, dict] = {
 
 def build(name: str, *, optimizer: str = "sgd", batch_size: int, graph_only: bool = False,
           seed: int = 0, learning_rate: float | None = None, dtype: str = DEFAULT_DTYPE,
-          initializers: bool = True, **sizes) -> ModelStep:
+          initializers: bool = True, micro_batches: int = 1, **sizes) -> ModelStep:
     """Builds model `name`'s training step; see `MODELS[name].defaults` for its sizes.
 
     Eager (default): tiny-size friendly, real variables from a NumPy RNG seeded by `seed`.
@@ -35,10 +35,12 @@ def build(name: str, *, optimizer: str = "sgd", batch_size: int, graph_only: boo
     variables, optimizer slots and constants, float inputs, masks, batch-norm statistics,
     losses and `sample_batch` arrays; integer inputs (token ids) stay int32. float64 steps
     let equivalence tests compare a partitioned step with the unpartitioned one without
-    float32 rounding noise. Any other value raises `TofuError`.
+    float32 rounding noise. Any other value raises `TofuError`. `micro_batches`: the step
+    accumulates gradients over that many equal slices of the batch (a pipeline's
+    micro-batches; builder.train_step).
     """
     if name not in MODELS:
         raise TofuError(f"unknown model '{name}'; valid choices: {', '.join(MODELS)}.")
     return MODELS[name](optimizer=optimizer, batch_size=batch_size, graph_only=graph_only,
                         seed=seed, learning_rate=learning_rate, dtype=dtype,
-                        initializers=initializers, **sizes)
+                        initializers=initializers, micro_batches=micro_batches, **sizes)

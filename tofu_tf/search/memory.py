@@ -17,8 +17,10 @@ gives the emitted graph's per-device figures, and the tests hold the two close.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Mapping
 
 from tofu_tf.graph import DTYPE_SIZES, Graph, Role
 from tofu_tf.liveness import ALIASING, FORWARDING, Node, conv_grad_scratch, peaks
@@ -45,12 +47,15 @@ def _bytes(shape, dtype: str) -> int:
     return math.prod(shape) * DTYPE_SIZES.get(dtype, 4)
 
 
-def plan_memory(graph: Graph, device: Problem, cpu: bool = True, explain: int = 0
-                ) -> PlanMemory:
+def plan_memory(graph: Graph, device: Problem, cpu: bool = True, explain: int = 0,
+                stages: Mapping[str, int] | None = None) -> PlanMemory:
     """The part-0 device's estimate; `device` is the problem inside part 0 of the last
-    cut (recursive.device_problem). `cpu`: model the CPU kernels' scratch."""
+    cut (recursive.device_problem). `cpu`: model the CPU kernels' scratch. `stages`
+    (pipeline stages, search/pipeline.py: op -> stage): the largest estimate of one stage's
+    devices, each running its stage's ops alone and holding what it receives from the
+    others in buffers of its own."""
     local = {op.name: op.sem for op in device.ops}
-    return _estimate(graph, device.tensors, local, cpu, explain)
+    return _estimate(graph, device.tensors, local, cpu, explain, stages)
 
 
 def single_device_peak(graph: Graph, cpu: bool = True, explain: int = 0) -> PlanMemory:
@@ -59,11 +64,28 @@ def single_device_peak(graph: Graph, cpu: bool = True, explain: int = 0) -> Plan
     return _estimate(graph, tensors, {}, cpu, explain)
 
 
-def _estimate(graph: Graph, tensors, local, cpu: bool, explain: int) -> PlanMemory:
+def _estimate(graph: Graph, tensors, local, cpu: bool, explain: int,
+              stages: Mapping[str, int] | None = None) -> PlanMemory:
     nodes = [_node(graph, op, tensors, local.get(op.name), cpu) for op in graph]
-    (memory,) = peaks(nodes, set(graph.fetches), explain=explain).values()
+    if stages:
+        nodes = [dataclasses.replace(node, device=str(_stage(graph, op, stages)))
+                 for node, op in zip(nodes, graph)]
+    found = peaks(nodes, set(graph.fetches), shared_memory=not stages, explain=explain)
+    memory = max(found.values(), key=lambda m: (m.peak_bytes, m.device))
     return PlanMemory(memory.persistent_bytes, memory.transient_peak_bytes, memory.peak_op,
                       memory.peak_buffers)
+
+
+def _stage(graph: Graph, op, stages: Mapping[str, int]) -> int:
+    """The stage whose devices hold an op's results: a fed tensor arrives whole on device
+    0 (stage 0); a constant, which every reader's device holds, counts at its first
+    reader's."""
+    if op.role is Role.INPUT:
+        return 0
+    if op.name in stages:
+        return stages[op.name]
+    readers = [c.name for t in op.outputs for c in graph.consumers(t) if c.name in stages]
+    return stages[readers[0]] if readers else 0
 
 
 def _node(graph: Graph, op, tensors, sem, cpu: bool) -> Node:

@@ -87,6 +87,9 @@ class Plan:
     # Pipeline stages (search/pipeline.py): op -> the stage whose devices run it; level 1
     # is then the stage level (its ways the stage count). Empty: no pipeline.
     stages: Mapping[str, int] = field(default_factory=dict)
+    # The simulator's step time on the options' step profile (search/simulate.py), where
+    # the search compared plans by it (pipeline stage counts); None: not predicted.
+    step_seconds: float | None = field(default=None, compare=False)
 
     @property
     def num_devices(self) -> int:
@@ -234,7 +237,8 @@ class Plan:
         return "\n".join(lines)
 
     def _choice(self, op: str) -> str:
-        return "/".join(level.choices.get(op, "?") for level in self.levels)
+        return "/".join(f"stage {self.stages[op]}" if i == 0 and op in self.stages
+                        else level.choices.get(op, "?") for i, level in enumerate(self.levels))
 
     def _state(self, tensor: str) -> str:
         return "/".join(self.state(i, tensor) if tensor in self.groups else "?"
@@ -317,27 +321,58 @@ def make_plan(graph: Graph, topology: Topology | None = None, *, num_devices: in
     `options.memory_budget_bytes`, the least such plan found that fits."""
     topology = topology or Topology.default(num_devices)
     with paused_gc():      # the plan's memory figures walk the whole graph too
+        if options.pipeline_stages == 0:
+            return _stage_count_search(graph, topology, options)
         if options.pipeline_stages > 1:
             return _pipeline_plan(graph, topology, options)
         return _make_plan(graph, topology, options)
 
 
-def _pipeline_plan(graph: Graph, topology: Topology, options: Options) -> Plan:
+def _pipeline_plan(graph: Graph, topology: Topology, options: Options,
+                   timed: bool = False) -> Plan:
     """The plan over one stage's devices, with the stage level in front (search/pipeline.py):
     each op's stage from the step the plan partitions, and each device's memory estimate
-    from its own stage's ops."""
+    (and step time: `timed`) from its own stage's ops."""
     from tofu_tf.search.pipeline import assign_stages, split_topology, with_stages
     start = time.perf_counter()
     stage_level, inner = split_topology(topology, options.pipeline_stages)
-    plan = _make_plan(graph, inner, dataclasses.replace(options, pipeline_stages=1))
+    plan = _make_plan(graph, inner, options, timed)   # memory per stage (recursive._search)
     stages = assign_stages(step_graph(graph, plan), stage_level.ways)
     plan = with_stages(plan, stage_level, stages)
     return dataclasses.replace(plan, search_seconds=time.perf_counter() - start)
 
 
-def _make_plan(graph: Graph, topology: Topology, options: Options) -> Plan:
+def _stage_count_search(graph: Graph, topology: Topology, options: Options) -> Plan:
+    """Options.pipeline_stages = 0: every stage count that cuts the devices into groups of
+    two or more (1: no pipeline) planned as asked (budget, recomputation), and the plan
+    predicted fastest on the step profile kept (ties: fewer stages); none fitting, the
+    error of the count that came closest."""
+    start = time.perf_counter()
+    n = topology.num_devices
+    planned, failures = [], []
+    for count in [1] + [s for s in range(2, n) if n % s == 0 and n // s >= 2]:
+        counted = dataclasses.replace(options, pipeline_stages=count)
+        try:
+            plan = (_pipeline_plan(graph, topology, counted, timed=True) if count > 1
+                    else _make_plan(graph, topology, counted, timed=True))
+        except PlanInfeasibleError as e:
+            logging.info("%d pipeline stage(s): %s", count, e)
+            failures.append(e)
+            continue
+        logging.info("%d pipeline stage(s): peak %s, predicted step %.4f s", count,
+                     human_bytes(plan.peak_bytes), plan.step_seconds)
+        planned.append((plan.step_seconds, count, plan))
+    if not planned:
+        raise min(failures, key=lambda e: e.best_peak_bytes or math.inf)
+    plan = min(planned, key=lambda p: p[:2])[2]
+    return dataclasses.replace(plan, search_seconds=time.perf_counter() - start)
+
+
+def _make_plan(graph: Graph, topology: Topology, options: Options,
+               timed: bool = False) -> Plan:
+    """`timed`: with the simulator's step time (Plan.step_seconds)."""
     if options.recompute is not Recompute.NONE or options.early_updates:
-        return _transformed_plan(graph, topology, options)
+        return _transformed_plan(graph, topology, options, timed)
     start = time.perf_counter()
     if options.fastest_step:
         result = _fastest_step(graph, topology, options)
@@ -346,7 +381,19 @@ def _make_plan(graph: Graph, topology: Topology, options: Options) -> Plan:
     else:
         result = search_within_budget(graph, topology, options)
     plan = plan_from_search(result, graph)
+    if timed:
+        plan = dataclasses.replace(plan, step_seconds=_step_seconds(graph, result, options))
     return dataclasses.replace(plan, search_seconds=time.perf_counter() - start)
+
+
+def _step_seconds(graph: Graph, result: SearchResult, options: Options) -> float:
+    """The simulator's step time of a search result on the options' step profile, as one
+    stage's devices of `options.pipeline_stages` where there are several."""
+    from tofu_tf.search.pipeline import assign_stages
+    from tofu_tf.search.simulate import plan_step_time, step_profile
+    stages = (assign_stages(graph, options.pipeline_stages)
+              if options.pipeline_stages > 1 else None)
+    return plan_step_time(graph, result, step_profile(options), stages=stages).seconds
 
 
 # Memory weights `Options.fastest_step` searches at (0: the fewest bytes).
@@ -356,15 +403,14 @@ STEP_WEIGHTS = (0.0, 2.0 ** -6, 2.0 ** -2, 1.0, 4.0)
 def _fastest_step(graph: Graph, topology: Topology, options: Options) -> SearchResult:
     """The plan predicted fastest on `options.step_profile` among the searches at
     STEP_WEIGHTS that fit the budget (none fitting: the budgeted search's answer)."""
-    from tofu_tf.search.simulate import plan_step_time, step_profile
-    profile, cache, deadline = step_profile(options), SearchCache(), deadline_of(options)
+    cache, deadline = SearchCache(), deadline_of(options)
     budget = options.memory_budget_bytes
     timed = []
     for weight in STEP_WEIGHTS:
         result = search(graph, topology, options=options, memory_weight=weight, cache=cache,
                         deadline=deadline)
         if budget is None or result.memory.peak_bytes <= budget:
-            seconds = plan_step_time(graph, result, profile).seconds
+            seconds = _step_seconds(graph, result, options)
             logging.info("memory weight %g: predicted step %.4f s, %s moved", weight, seconds,
                          human_bytes(result.total_bytes))
             timed.append((seconds, result.total_bytes, result))
@@ -383,7 +429,8 @@ def step_graph(graph: Graph, plan: Plan) -> Graph:
     return recompute(graph, plan.recompute) if plan.recompute else graph
 
 
-def _transformed_plan(graph: Graph, topology: Topology, options: Options) -> Plan:
+def _transformed_plan(graph: Graph, topology: Topology, options: Options,
+                      timed: bool = False) -> Plan:
     """The plan of `graph` rewritten to hold less (`Plan.early_updates`, `Plan.recompute`;
     `step_graph` rebuilds the graph it partitions). Recompute.AUTO: every mix of NONE,
     CHEAP and SEGMENTS recomputation, each with the updates as given and early, searched
@@ -393,14 +440,12 @@ def _transformed_plan(graph: Graph, topology: Topology, options: Options) -> Pla
     from tofu_tf.op_semantics.catalog import catalog
     from tofu_tf.search.recompute import candidates, recompute
     from tofu_tf.search.reorder import updates_early
-    from tofu_tf.search.simulate import plan_step_time, step_profile
     start = time.perf_counter()
     mixes = [(options.early_updates, options.recompute)]
     if options.recompute is Recompute.AUTO:
         if options.memory_budget_bytes is None:
             raise TofuError("recompute=auto chooses by the memory budget, and none is set.",
                             fix="set Options.memory_budget_bytes, or name a policy.")
-        profile = step_profile(options)
         mixes = [(early, policy) for policy in (Recompute.NONE, Recompute.CHEAP,
                                                 Recompute.SEGMENTS)
                  for early in dict.fromkeys((options.early_updates, True))]
@@ -413,11 +458,14 @@ def _transformed_plan(graph: Graph, topology: Topology, options: Options) -> Pla
         rewritten = recompute(reordered, ops)
         try:
             if len(mixes) == 1:
-                plan, seconds = _make_plan(rewritten, topology, plain), 0.0
+                plan = _make_plan(rewritten, topology, plain, timed)
+                seconds = plan.step_seconds or 0.0
             else:
                 result = search_within_budget(rewritten, topology, plain)
-                plan = plan_from_search(result, rewritten)
-                seconds = plan_step_time(rewritten, result, profile).seconds
+                plan = dataclasses.replace(plan_from_search(result, rewritten),
+                                           step_seconds=_step_seconds(rewritten, result,
+                                                                      plain))
+                seconds = plan.step_seconds
         except PlanInfeasibleError as e:
             if e.best_peak_bytes is None:           # not a budget (a time limit): say so
                 raise

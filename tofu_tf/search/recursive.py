@@ -19,6 +19,7 @@ import functools
 import math
 import time
 from dataclasses import dataclass
+from typing import Mapping
 
 from absl import logging
 
@@ -35,6 +36,7 @@ from tofu_tf.search import joint
 from tofu_tf.search.level import (LevelModel, LevelResult, fixed_result,  # noqa: F401
                                   level_models, solve_level, variable_tensors)
 from tofu_tf.search.memory import PlanMemory, plan_memory, single_device_peak
+from tofu_tf.search.pipeline import assign_stages
 from tofu_tf.search.cost import tensor_states
 from tofu_tf.search.problem import Problem, SearchCache, root_problem, sub_problem
 from tofu_tf.search.topology import Topology
@@ -66,11 +68,14 @@ class SearchResult:
     last: tuple[LevelModel, LevelResult] | None = dataclasses.field(
         default=None, repr=False, compare=False)
 
-    def with_memory(self, graph: Graph) -> "SearchResult":
+    def with_memory(self, graph: Graph, stages: Mapping[str, int] | None = None
+                    ) -> "SearchResult":
+        """With its memory estimate; `stages`: the pipeline stages its topology is one
+        stage's devices of (search/pipeline.py), each device holding its stage's ops."""
         if self.memory is not None or self.last is None:
             return self
         return dataclasses.replace(self, memory=plan_memory(
-            graph, device_problem(*self.last, describe=False)))
+            graph, device_problem(*self.last, describe=False), stages=stages))
 
     @property
     def multipliers(self) -> tuple[int, ...]:
@@ -157,13 +162,17 @@ def _search(graph, topology, solver, entries, options, memory_weight, cache,
     policies = ([VariableStorage.REPLICABLE, VariableStorage.PARTITIONED]
                 if options.variable_storage is VariableStorage.AUTO
                 else [options.variable_storage])
+    # `topology` is one pipeline stage's devices: memory is each stage's own
+    stages = (assign_stages(graph, options.pipeline_stages)
+              if options.pipeline_stages > 1 else None)
 
     def run(policy: VariableStorage) -> SearchResult:
         return _recurse(graph, topology, entries, coarse, options, policy, solver, cache,
                         deadline)
 
     if len(policies) == 2 and len(graph) >= LARGE_GRAPH_OPS and _forking.available():
-        results = _both_policies(graph, coarse, run, estimate=bool(memory_weight))
+        results = _both_policies(graph, coarse, run, estimate=bool(memory_weight),
+                                 stages=stages)
     else:
         results = []
         for policy in policies:
@@ -180,7 +189,7 @@ def _search(graph, topology, solver, entries, options, memory_weight, cache,
         if joint_plan is not None:
             results.append(joint_plan)
     if memory_weight:          # memory decides too: estimate every candidate
-        results = [r.with_memory(graph) for r in results]
+        results = [r.with_memory(graph, stages) for r in results]
         best = min(results, key=lambda r: r.objective + memory_weight * r.memory.peak_bytes)
     else:
         best = min(results, key=lambda r: r.cost(objective))   # ties: the recursion's
@@ -190,7 +199,8 @@ def _search(graph, topology, solver, entries, options, memory_weight, cache,
         best = dataclasses.replace(best, last=_replay(
             graph, topology, entries, coarse, options, best.variable_storage, cache,
             best.levels))
-    return dataclasses.replace(best.with_memory(graph), seconds=time.perf_counter() - start)
+    return dataclasses.replace(best.with_memory(graph, stages),
+                               seconds=time.perf_counter() - start)
 
 
 def _joint(graph, topology, entries, coarse, options, solver, cache, deadline
@@ -246,7 +256,7 @@ def _replay(graph, topology, entries, coarse, options, policy, cache, levels
     return model, levels[-1]
 
 
-def _both_policies(graph: Graph, coarse: CoarseGraph, run, estimate: bool
+def _both_policies(graph: Graph, coarse: CoarseGraph, run, estimate: bool, stages=None
                    ) -> list[SearchResult]:
     """The replicable policy here while a forked process searches the partitioned one
     from the same catalog and coarse graph. Its result counts where the replicable plan
@@ -259,7 +269,7 @@ def _both_policies(graph: Graph, coarse: CoarseGraph, run, estimate: bool
         cost_op.use_backend(cost_op.Backend.NUMPY)
         result = run(VariableStorage.PARTITIONED)
         if estimate:
-            result = result.with_memory(graph)
+            result = result.with_memory(graph, stages)
         return dataclasses.replace(result, coarse=None, last=None,
                                    unpartitioned=single_device_peak(graph))
 
@@ -267,7 +277,7 @@ def _both_policies(graph: Graph, coarse: CoarseGraph, run, estimate: bool
         first = run(VariableStorage.REPLICABLE)
         if not first.replicates_variables:
             return [first]
-        first = first.with_memory(graph)     # while the child finishes (it may not win)
+        first = first.with_memory(graph, stages)   # while the child finishes (it may not win)
         second = child.result(fallback=lambda: run(VariableStorage.PARTITIONED))
         first = dataclasses.replace(first, unpartitioned=second.unpartitioned)
         return [first, dataclasses.replace(second, coarse=coarse)]

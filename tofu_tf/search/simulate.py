@@ -25,6 +25,7 @@ no pipelining: one device busy at a time, activations crossing each boundary).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from tofu_tf.graph import Graph
@@ -77,10 +78,11 @@ def step_time(graph: Graph, device: Problem, level_bytes, transfers, num_devices
 
 
 def plan_step_time(graph: Graph, result, profile: DeviceProfile,
-                   topology_links: bool = False) -> StepTime:
+                   topology_links: bool = False, stages=None) -> StepTime:
     """A SearchResult's step (its last level's model and result give the device's ops);
     with `topology_links`, each level moves its bytes over its own topology level's links
-    instead of the profile's."""
+    instead of the profile's. `stages` (op -> stage, search/pipeline.py): the result is
+    one stage's devices' plan, and the step is `pipelined_step_time`'s."""
     from tofu_tf.search.recursive import device_problem
     model, last = result.last if result.last is not None else (None, None)
     if model is None:
@@ -89,8 +91,63 @@ def plan_step_time(graph: Graph, result, profile: DeviceProfile,
     transfers = [len(level.breakdown) * m for level, m in zip(result.levels, result.multipliers)]
     links = ([(level.bandwidth, level.latency) for level in result.topology.levels]
              if topology_links else None)
+    if stages:
+        return pipelined_step_time(graph, device, result, stages, profile, links)
     return step_time(graph, device, result.bytes_per_level, transfers,
                      result.topology.num_devices, profile, links)
+
+
+def pipelined_step_time(graph: Graph, device: Problem, result, stages, profile: DeviceProfile,
+                        links=None) -> StepTime:
+    """The step of a pipeline: `result` plans one stage's devices (`device`: what one of
+    them runs of every op), `stages` says which stage runs each op. Every stage's devices
+    run its ops in the graph's order (the order the emitter chains them in), an op
+    starting when the stage is free and its inputs have arrived; an op's time is its local
+    kernel's plus its share of the bytes the plan moves for it inside the stage (α-β over
+    the stage's devices, as `step_time` spreads them); a tensor crossing stages arrives
+    after its local part's bytes over the link plus the latency. The step ends with the
+    last op. (One stage is `step_time` without its overlap-free sum: the same figures in
+    sequence.) Devices sharing `profile.cores` take at least all devices' work over them."""
+    per_stage = result.topology.num_devices
+    count = max(stages.values()) + 1
+    links = links or [(profile.link_bandwidth, profile.link_latency)] * len(result.levels)
+    moved: dict[str, float] = {}
+    for level, m, (bandwidth, latency) in zip(result.levels, result.multipliers, links):
+        for op, _, nbytes in level.breakdown:
+            moved[op] = moved.get(op, 0.0) + m * (nbytes / bandwidth + latency) / per_stage
+    local = {op.name: op for op in device.ops}
+    finish: dict[str, float] = {}
+    free, kernels, flops = [0.0] * count, [0.0] * count, [0.0] * count
+    for op in graph:
+        stage = stages.get(op.name)
+        if stage is None:
+            finish[op.name] = 0.0
+            continue
+        ready = 0.0
+        for t in op.inputs:
+            producer = graph.producer(t).name
+            arrive = finish.get(producer, 0.0)
+            if stages.get(producer, stage) != stage and t in device.tensors:
+                spec = device.tensors[t]
+                arrive += (math.prod(spec.shape) * spec.itemsize / profile.link_bandwidth
+                           + profile.link_latency)
+            ready = max(ready, arrive)
+        seconds = moved.get(op.name, 0.0)
+        found = local.get(op.name)
+        if found is not None:
+            dtypes = [device.tensors[t].dtype for t in found.outputs] or ["float32"]
+            kernel = op_seconds(found.sem, dtypes, profile)
+            seconds += kernel
+            kernels[stage] += kernel
+            flops[stage] += op_flops(found.sem)
+        finish[op.name] = free[stage] = max(ready, free[stage]) + seconds
+    makespan = max(free)
+    if profile.cores is not None and profile.cores < per_stage * count:
+        makespan = max(makespan, sum(kernels) * per_stage / profile.cores)
+    busiest = max(range(count), key=kernels.__getitem__)
+    return StepTime(kernels[busiest], makespan - kernels[busiest],
+                    makespan + profile.step_overhead, flops[busiest],
+                    sum(1 for op in local if stages.get(op) == busiest))
 
 
 def single_step_time(graph: Graph, profile: DeviceProfile) -> StepTime:
