@@ -29,6 +29,13 @@ flags.DEFINE_float("transfer_bytes", 0.0, "bytes moved one transfer's latency is
                    "bandwidth is 2.56e6)")
 flags.DEFINE_bool("early_updates", False, "run each update as soon as its gradient is "
                   "complete, gradient sums as running sums (tofu_tf/search/reorder.py)")
+flags.DEFINE_integer("pipeline_stages", 1, "cut the devices into this many pipeline stages "
+                     "(tofu_tf/search/pipeline.py): each op runs on one stage's devices")
+flags.DEFINE_bool("pipeline", False, "search the pipeline stage count too (1 included): the "
+                  "plan predicted fastest on --step_profile within the budget")
+flags.DEFINE_integer("micro_batches", None, "the step accumulates gradients over this many "
+                     "slices of the batch (default: the stage count, 2 with --pipeline, "
+                     "else 1)")
 flags.DEFINE_string("plan_out", None, "write the full plan (Plan.to_json) here")
 flags.DEFINE_string("report", None, "write the plan as an HTML report here")
 # model sizes: only the flags given are passed on; the rest keep the model's defaults
@@ -52,6 +59,13 @@ def model_sizes() -> dict:
     return sizes
 
 
+def micro_batches() -> int:
+    """The step's micro-batches: --micro_batches, else as its help says."""
+    if FLAGS.micro_batches is not None:
+        return FLAGS.micro_batches
+    return 2 if FLAGS.pipeline else FLAGS.pipeline_stages
+
+
 def topology():
     from tofu_tf.search.topology import Topology
     return (Topology.parse(FLAGS.topology) if FLAGS.topology
@@ -69,7 +83,8 @@ def options(**overrides):
         policy = Recompute(FLAGS.recompute_policy)
     return Options(memory_budget_bytes=budget, recompute=policy, early_updates=early,
                    step_profile=FLAGS.step_profile, flop_bytes=FLAGS.flop_bytes,
-                   transfer_bytes=FLAGS.transfer_bytes, **overrides)
+                   transfer_bytes=FLAGS.transfer_bytes,
+                   pipeline_stages=0 if FLAGS.pipeline else FLAGS.pipeline_stages, **overrides)
 
 
 def write_plan(plan, title: str = "", baselines=None, profile=None) -> None:

@@ -32,12 +32,13 @@ flags.DEFINE_string("diff", None, "compare two plans (Plan JSON from --plan_out)
                     "--diff a.json b.json")
 
 
-def build_graph(model: str, batch_size: int, optimizer: str, sizes: dict):
+def build_graph(model: str, batch_size: int, optimizer: str, sizes: dict,
+                micro_batches: int = 1):
     """The model's training step, imported (planner graph and GraphDef), without weights."""
     from tofu_tf.models import build
     from tofu_tf.importer.graphdef_io import import_graph_def
     step = build(model, optimizer=optimizer, batch_size=batch_size, graph_only=True,
-                 initializers=False, **sizes)
+                 initializers=False, micro_batches=micro_batches, **sizes)
     return import_graph_def(step.graph_def, step.fetches)
 
 
@@ -92,7 +93,7 @@ def main(argv) -> int:
         start = time.perf_counter()
         logging.info("building and importing %s ...", FLAGS.model)
         imported = build_graph(FLAGS.model, FLAGS.batch_size, FLAGS.optimizer,
-                               model_sizes())
+                               model_sizes(), _cli.micro_batches())
         graph = imported.graph
         build_seconds = time.perf_counter() - start
         logging.info("planning %d ops over %s ...", len(graph), topology)

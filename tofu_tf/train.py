@@ -133,7 +133,8 @@ def train() -> int:
     topology = _topology()
     start = time.perf_counter()
     step = build(FLAGS.model, optimizer=FLAGS.optimizer, batch_size=FLAGS.batch_size,
-                 graph_only=True, seed=FLAGS.seed, dtype=FLAGS.dtype, **model_sizes())
+                 graph_only=True, seed=FLAGS.seed, dtype=FLAGS.dtype,
+                 micro_batches=_cli.micro_batches(), **model_sizes())
     logging.info("built %s: %d nodes (%.1f s)", step, len(step.graph_def.node),
                  time.perf_counter() - start)
     start = time.perf_counter()

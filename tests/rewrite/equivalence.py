@@ -29,9 +29,11 @@ def partitioned(step, batches, initial, session=None, **kwargs):
 
 
 def compare(model: str, optimizer: str, steps: int = 3, batch_size: int = 8,
-            dtype: str = "float32", session=None, **kwargs):
+            dtype: str = "float32", session=None, micro_batches: int = 1, **kwargs):
     """Build, run both, assert equal within (RTOL, ATOL); returns the optimized graph."""
     extra = {} if dtype == "float32" else {"dtype": dtype}
+    if micro_batches > 1:
+        extra["micro_batches"] = micro_batches
     step = build(model, optimizer=optimizer, graph_only=True, batch_size=batch_size,
                  **extra)
     batches = [step.sample_batch(seed) for seed in range(steps)]
