@@ -1,4 +1,5 @@
-"""Memory against step time: partitioning alone, with early updates, with recomputation.
+"""Memory against step time: partitioning alone, with early updates, with recomputation,
+with pipeline stages.
 
     python bench/frontier.py                          # both configs, every budget (~15 min)
     python bench/frontier.py --configs=lstm-10-8192 --budgets=8,16
@@ -7,7 +8,10 @@ For WResNet-152 widen 10 and LSTM-10 hidden 8192 (batch 8, bench/common.py) at 8
 and the largest of each that partitioning alone fits in 16 GiB (bench/results/memory.md),
 each mix of step rewrites (search/plan.step_graph): partitioning alone; updates early
 (reorder.updates_early: each update as soon as its gradient is complete, gradient sums as
-running sums); and those with recomputation (recompute.py: CHEAP, SEGMENTS). Per mix: the
+running sums); and those with recomputation (recompute.py: CHEAP, SEGMENTS); and early
+updates with 2 or 4 pipeline stages (search/pipeline.py) over a step of as many
+micro-batches (models.build micro_batches; a micro-batch's batch statistics are its own, so
+WResNet's pipelined step is GPipe's, not the whole batch's). Per mix: the
 smallest estimated peak per device the search reaches, and per budget (GiB per device) the
 fastest plan that fits among those the search gives at a range of memory weights, its
 step time predicted on the `--profile` (search/simulate.py; h200_8: measured on one H200).
@@ -37,33 +41,40 @@ flags.DEFINE_list("configs", ["wresnet-152-w10", "lstm-10-8192", "wresnet-152-w1
 flags.DEFINE_list("budgets", ["4", "8", "12", "16"], "GiB per device")
 flags.DEFINE_integer("devices", 8, "devices")
 flags.DEFINE_string("profile", "h200_8", "search/simulate.py profile for the step time")
+flags.DEFINE_list("mixes", None, "the mixes to (re)evaluate (default: all)")
 flags.DEFINE_bool("plot_only", False, "redraw the plot and the table from the results")
 
 GIB = 2 ** 30
 # Memory weights (bytes moved per byte stored) the search runs at: search/plan.py's range.
 WEIGHTS = [0.0] + [2.0 ** k for k in range(-6, 17, 2)]
-MIXES = {"partition": (False, "none"), "early updates": (True, "none"),
-         "early + cheap": (True, "cheap"), "early + segments": (True, "segments")}
+# mix -> (updates early, recomputation policy, pipeline stages = micro-batches)
+MIXES = {"partition": (False, "none", 1), "early updates": (True, "none", 1),
+         "early + cheap": (True, "cheap", 1), "early + segments": (True, "segments", 1),
+         "early + 2 stages": (True, "none", 2), "early + 4 stages": (True, "none", 4)}
 
 
-def evaluate(graph, early: bool, policy: str, devices: int, profile) -> dict:
+def evaluate(graph, early: bool, policy: str, stages: int, devices: int, profile) -> dict:
     """The mix's plans at every memory weight of WEIGHTS: (peak, bytes, predicted step)."""
     from tofu_tf.op_semantics.catalog import catalog
-    from tofu_tf.options import Recompute
+    from tofu_tf.options import Options, Recompute
+    from tofu_tf.search.pipeline import assign_stages, split_topology
     from tofu_tf.search.recompute import candidates, recompute
     from tofu_tf.search.reorder import updates_early
     from tofu_tf.search.problem import SearchCache
     from tofu_tf.search.recursive import search
     from tofu_tf.search.simulate import plan_step_time
     from tofu_tf.search.topology import Topology
-    topology = Topology.default(devices)
+    topology, options, stage_of = Topology.default(devices), Options(), None
     g = updates_early(graph) if early else graph
     ops = candidates(g, catalog(g), Recompute(policy))
     g = recompute(g, ops)
+    if stages > 1:
+        topology = split_topology(topology, stages)[1]
+        options, stage_of = Options(pipeline_stages=stages), assign_stages(g, stages)
     start, cache, points = time.perf_counter(), SearchCache(), []
     for weight in WEIGHTS:
-        result = search(g, topology, memory_weight=weight, cache=cache)
-        step = plan_step_time(g, result, profile)
+        result = search(g, topology, memory_weight=weight, cache=cache, options=options)
+        step = plan_step_time(g, result, profile, stages=stage_of)
         points.append({"weight": weight, "peak": result.memory.peak_bytes,
                        "bytes_moved": result.total_bytes, "seconds": step.seconds,
                        "compute_seconds": step.compute_seconds})
@@ -119,7 +130,8 @@ def plot(stored: dict) -> None:
     import matplotlib.pyplot as plt
     configs = stored.get("configs", {})
     fig, axes = plt.subplots(1, len(configs), figsize=(6 * len(configs), 4.5), squeeze=False)
-    colors = dict(zip(MIXES, ("tab:red", "tab:green", "tab:blue", "tab:orange")))
+    colors = dict(zip(MIXES, ("tab:red", "tab:green", "tab:blue", "tab:orange",
+                              "tab:purple", "tab:brown")))
     for ax, (name, mixes) in zip(axes[0], configs.items()):
         for mix in (m for m in MIXES if m in mixes):
             points = sorted((p["peak"] / GIB, p["seconds"] * 1e3) for p in mixes[mix]["points"])
@@ -147,9 +159,14 @@ def main(argv) -> int:
     stored.update(devices=FLAGS.devices, profile=FLAGS.profile, budgets_gib=budgets_gib)
     for name in FLAGS.configs:
         model, sizes = paper_config(name)
-        graph, _ = load(model, sizes)
-        for mix, (early, policy) in MIXES.items():
-            row = evaluate(graph, early, policy, FLAGS.devices, PROFILES[FLAGS.profile])
+        graphs = {}
+        for mix, (early, policy, stages) in MIXES.items():
+            if FLAGS.mixes and mix not in FLAGS.mixes:
+                continue
+            if stages not in graphs:
+                graphs[stages] = load(model, {**sizes, "micro_batches": stages})[0]
+            row = evaluate(graphs[stages], early, policy, stages, FLAGS.devices,
+                           PROFILES[FLAGS.profile])
             stored.setdefault("configs", {}).setdefault(name, {})[mix] = row
             print(f"{name} {mix}: smallest {row['smallest_peak'] / GIB:.2f} GiB, "
                   f"{row['search_seconds']:.0f} s", flush=True)

@@ -13,6 +13,7 @@ from tofu_tf.options import Options, Recompute
 from tofu_tf.rewrite.verify import cross_device_bytes
 from tofu_tf.runtime.session import SingleDevice
 from tofu_tf.search.pipeline import stage_of_devices
+from tofu_tf.search.plan import Plan
 
 from equivalence import compare
 
@@ -87,6 +88,12 @@ def test_recomputation_and_stages_together():
                                                          early_updates=True))
     assert optimized.plan.recompute and optimized.plan.stages
     assert optimized.ledger.step_bytes == optimized.plan.predicted_bytes
+    # a stored plan rebuilds the same pipeline
+    stored = Plan.from_json(optimized.plan.to_json())
+    assert stored == optimized.plan
+    again = compare("transformer", "sgd", dtype="float64", micro_batches=2, plan=stored)
+    assert again.ledger.step_bytes == optimized.ledger.step_bytes
+    assert again.graph_def == optimized.graph_def
 
 
 def test_a_stage_count_that_does_not_divide_the_devices_is_an_error():

@@ -35,7 +35,6 @@ in the order the step wrote them).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Mapping
 
 from tofu_tf.errors import PlanInfeasibleError
@@ -171,19 +170,3 @@ def stage_of_devices(ways: tuple[int, ...]) -> list[int]:
     for k in ways[1:]:
         per_stage *= k
     return [d // per_stage for d in range(n)]
-
-
-def with_stages(plan, stage_level: Level, stages: Mapping[str, int]):
-    """`plan` (searched for one stage's devices) with the stage level prepended: every
-    tensor stored R and every op a `replicate` there (each group would run all of it),
-    and `stages` saying which group runs each op (partition.py keeps the others idle)."""
-    from tofu_tf.search.plan import LevelPlan
-    groups = set(plan.groups.values())
-    level = LevelPlan(stage_level.ways, stage_level.bandwidth, stage_level.latency, 1,
-                      {g: "R" for g in sorted(groups)}, {}, 0.0, True)
-    n = stage_level.ways * plan.num_devices
-    peaks = plan.per_device_peak_bytes
-    return dataclasses.replace(
-        plan, topology=((stage_level.ways, stage_level.bandwidth, stage_level.latency),)
-        + tuple(plan.topology), levels=(level,) + tuple(plan.levels),
-        stages=dict(stages), per_device_peak_bytes=(peaks[0],) * n if peaks else ())

@@ -333,13 +333,28 @@ def _pipeline_plan(graph: Graph, topology: Topology, options: Options,
     """The plan over one stage's devices, with the stage level in front (search/pipeline.py):
     each op's stage from the step the plan partitions, and each device's memory estimate
     (and step time: `timed`) from its own stage's ops."""
-    from tofu_tf.search.pipeline import assign_stages, split_topology, with_stages
+    from tofu_tf.search.pipeline import assign_stages, split_topology
     start = time.perf_counter()
     stage_level, inner = split_topology(topology, options.pipeline_stages)
     plan = _make_plan(graph, inner, options, timed)   # memory per stage (recursive._search)
     stages = assign_stages(step_graph(graph, plan), stage_level.ways)
-    plan = with_stages(plan, stage_level, stages)
+    plan = _with_stages(plan, stage_level, stages)
     return dataclasses.replace(plan, search_seconds=time.perf_counter() - start)
+
+
+def _with_stages(plan, stage_level: Level, stages: Mapping[str, int]):
+    """`plan` (searched for one stage's devices) with the stage level prepended: every
+    tensor stored R and every op a `replicate` there (each group would run all of it),
+    and `stages` saying which group runs each op (partition.py keeps the others idle)."""
+    groups = set(plan.groups.values())
+    level = LevelPlan(stage_level.ways, stage_level.bandwidth, stage_level.latency, 1,
+                      {g: "R" for g in sorted(groups)}, {}, 0.0, True)
+    n = stage_level.ways * plan.num_devices
+    peaks = plan.per_device_peak_bytes
+    return dataclasses.replace(
+        plan, topology=((stage_level.ways, stage_level.bandwidth, stage_level.latency),)
+        + tuple(plan.topology), levels=(level,) + tuple(plan.levels),
+        stages=dict(stages), per_device_peak_bytes=(peaks[0],) * n if peaks else ())
 
 
 def _stage_count_search(graph: Graph, topology: Topology, options: Options) -> Plan:
