@@ -12,8 +12,9 @@ ops, their gradients and its weights' updates stay together:
 
 1. Variables that one op reads through their handles (a weight and its optimizer slots,
    an update that touches several) are one unit; units are ordered by their first read
-   in the forward pass and cut into S runs of about equal bytes (the memory a stage
-   holds for the whole step).
+   in the forward pass and cut into S runs of about equal bytes: a unit's variables and
+   the forward results computed from its first read to the next unit's (the memory a
+   stage holds for the step: its weights and what its backward pass reads).
 2. An op that reads a variable's handle (its reads, updates, gathers) runs in the
    variable's stage; any other forward op runs in the latest stage of what it reads, so
    the forward pass only moves forward through the stages.
@@ -71,6 +72,8 @@ def assign_stages(graph: Graph, stages: int) -> dict[str, int]:
     for v in graph.variables.values():
         sizes[unit[v.name]] = sizes.get(unit[v.name], 0) + v.num_bytes
     units = sorted(sizes, key=lambda u: (order.get(u, len(graph)), u))
+    for u, activations in _activation_bytes(graph, handles, unit, units).items():
+        sizes[u] += activations
     if len(units) < stages:
         raise PlanInfeasibleError(
             f"{stages} pipeline stages, but the step has {len(units)} independent "
@@ -111,6 +114,29 @@ def assign_stages(graph: Graph, stages: int) -> dict[str, int]:
             fed = [stage[p] for p in _producers(graph, op) if p in stage]
             stage[op.name] = max(fed, default=0)
     return stage
+
+
+def _activation_bytes(graph: Graph, handles: Mapping[str, str], unit: Mapping[str, str],
+                      units: list[str]) -> dict[str, int]:
+    """unit -> the bytes of the forward results computed after its first read and before
+    the next unit's (each forward op carries the latest unit among its inputs, as
+    `assign_stages` stages it): what a stage keeps for its backward pass besides its
+    weights (a CNN's early layers hold the most)."""
+    position = {u: i for i, u in enumerate(units)}
+    carried: dict[str, int] = {}
+    held = {u: 0 for u in units}
+    for op in graph:
+        if op.role is not Role.FORWARD or op.type in UNSTAGED:
+            continue
+        found = [position[unit[handles[t]]] for t in op.inputs if t in handles]
+        found += [carried[p] for p in _producers(graph, op) if p in carried]
+        if not found:
+            continue
+        carried[op.name] = max(found)
+        if op.type != "ReadVariableOp":                  # a read aliases its variable
+            held[units[carried[op.name]]] += sum(graph.tensors[t].num_bytes
+                                                 for t in op.outputs)
+    return held
 
 
 def _producers(graph: Graph, op: Op) -> list[str]:
