@@ -117,11 +117,12 @@ def train_step(loss_fn: LossFn, store: VariableStore, optimizer, x, y,
                micro_batches: int = 1):
     """Forward, gradients and updates; returns (loss tensor, train_op).
 
-    With `micro_batches` = M > 1, x and y are cut into M equal slices along the batch;
-    the forward passes of all slices come first, then their gradients (the last slice's
-    first, as a pipeline finishes it first); the loss is the mean of the slices' mean
-    losses and each gradient the mean of theirs (the whole batch's, for a model without
-    batch statistics), and the optimizer updates once.
+    With `micro_batches` = M > 1, x and y are cut into M equal slices along the batch, the
+    forward pass runs on each in turn, and the loss is the mean of the slices' mean losses:
+    its gradient, computed once over all slices, is the mean of theirs (the whole batch's,
+    for a model without batch statistics), each weight's gradient one sum over every
+    slice's reads (a running sum under `Options.early_updates`), and the optimizer updates
+    once.
 
     Embedding gradients arrive as `tf.IndexedSlices`; they are made dense with
     `tf.convert_to_tensor` (an UnsortedSegmentSum) before the optimizer, so every update
@@ -129,33 +130,24 @@ def train_step(loss_fn: LossFn, store: VariableStore, optimizer, x, y,
     """
     store.updates = []
     # A GraphVariable is differentiated through its handle (the tape sums its reads).
-    watched = [v.handle if isinstance(v, GraphVariable) else v for v in store.trainable]
-    slices = zip(tf.split(x, micro_batches), tf.split(y, micro_batches)) \
-        if micro_batches > 1 else [(x, y)]
-    tapes, losses = [], []
-    for x_m, y_m in slices:
-        with tf.GradientTape() as tape:
-            tape.watch(watched)
-            losses.append(loss_fn(x_m, y_m))
-        tapes.append(tape)
-    per_slice = [None] * len(tapes)
-    for m in reversed(range(len(tapes))):
-        per_slice[m] = tapes[m].gradient(losses[m], watched)
-    missing = [v.name for v, g in zip(store.trainable, per_slice[0]) if g is None]
+    with tf.GradientTape() as tape:
+        watched = [v.handle if isinstance(v, GraphVariable) else v for v in store.trainable]
+        tape.watch(watched)
+        if micro_batches == 1:
+            loss = loss_fn(x, y)
+        else:
+            losses = [loss_fn(x_m, y_m) for x_m, y_m in
+                      zip(tf.split(x, micro_batches), tf.split(y, micro_batches))]
+            loss = tf.add_n(losses) / tf.cast(micro_batches, losses[0].dtype)
+    grads = tape.gradient(loss, watched)
+    missing = [v.name for v, g in zip(store.trainable, grads) if g is None]
     if missing:
         raise TofuError(f"no gradient reaches variable(s) {missing}.",
                         fix="every trainable variable must feed the loss.")
-    grads = [_mean([tf.convert_to_tensor(g[i]) for g in per_slice])
-             for i in range(len(watched))]
+    grads = [tf.convert_to_tensor(g) for g in grads]
     updates = store.updates + optimizer.apply(grads)
     train_op = tf.group(*updates, name=TRAIN_OP_NAME)
-    return tf.identity(_mean(losses), name=LOSS_NAME), train_op
-
-
-def _mean(terms: list[tf.Tensor]) -> tf.Tensor:
-    if len(terms) == 1:
-        return terms[0]
-    return tf.add_n(terms) / tf.cast(len(terms), terms[0].dtype)
+    return tf.identity(loss, name=LOSS_NAME), train_op
 
 
 def _build_eager(setup: _Setup) -> dict:

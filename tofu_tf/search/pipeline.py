@@ -12,9 +12,10 @@ ops, their gradients and its weights' updates stay together:
 
 1. Variables that one op reads through their handles (a weight and its optimizer slots,
    an update that touches several) are one unit; units are ordered by their first read
-   in the forward pass and cut into S runs of about equal bytes: a unit's variables and
-   the forward results computed from its first read to the next unit's (the memory a
-   stage holds for the step: its weights and what its backward pass reads).
+   in the forward pass and cut into S runs of about equal bytes: a unit's variables (a
+   weight twice: its gradient is as large), and the forward results its backward pass
+   reads, computed from its first read to the next unit's (the memory a stage holds for
+   the step).
 2. An op that reads a variable's handle (its reads, updates, gathers) runs in the
    variable's stage; any other forward op runs in the latest stage of what it reads, so
    the forward pass only moves forward through the stages.
@@ -69,8 +70,9 @@ def assign_stages(graph: Graph, stages: int) -> dict[str, int]:
     unit = _variable_units(graph, handles)
     order = _forward_order(graph, handles)
     sizes: dict[str, int] = {}
-    for v in graph.variables.values():
-        sizes[unit[v.name]] = sizes.get(unit[v.name], 0) + v.num_bytes
+    for v in graph.variables.values():           # its buffer, and its gradient's
+        sizes[unit[v.name]] = sizes.get(unit[v.name], 0) + v.num_bytes * (
+            1 if v.slot_of else 2)
     units = sorted(sizes, key=lambda u: (order.get(u, len(graph)), u))
     for u, activations in _activation_bytes(graph, handles, unit, units).items():
         sizes[u] += activations
@@ -118,10 +120,10 @@ def assign_stages(graph: Graph, stages: int) -> dict[str, int]:
 
 def _activation_bytes(graph: Graph, handles: Mapping[str, str], unit: Mapping[str, str],
                       units: list[str]) -> dict[str, int]:
-    """unit -> the bytes of the forward results computed after its first read and before
-    the next unit's (each forward op carries the latest unit among its inputs, as
-    `assign_stages` stages it): what a stage keeps for its backward pass besides its
-    weights (a CNN's early layers hold the most)."""
+    """unit -> the bytes of the forward results that the backward pass reads, computed
+    after its first read and before the next unit's (each forward op carries the latest
+    unit among its inputs, as `assign_stages` stages it): what a stage keeps for its
+    backward pass besides its weights (a CNN's early layers hold the most)."""
     position = {u: i for i, u in enumerate(units)}
     carried: dict[str, int] = {}
     held = {u: 0 for u in units}
@@ -134,8 +136,9 @@ def _activation_bytes(graph: Graph, handles: Mapping[str, str], unit: Mapping[st
             continue
         carried[op.name] = max(found)
         if op.type != "ReadVariableOp":                  # a read aliases its variable
-            held[units[carried[op.name]]] += sum(graph.tensors[t].num_bytes
-                                                 for t in op.outputs)
+            held[units[carried[op.name]]] += sum(
+                graph.tensors[t].num_bytes for t in op.outputs
+                if any(c.role is Role.BACKWARD for c in graph.consumers(t)))
     return held
 
 
