@@ -90,13 +90,18 @@ def fastest(row: dict, budget: int) -> dict | None:
 
 
 def table(stored: dict) -> str:
-    lines = ["# Memory against step time: partitioning, early updates, recomputation", "",
+    lines = ["# Memory against step time: partitioning, early updates, recomputation, "
+             "pipeline stages", "",
              f"Command: `{stored.get('command', '')}`  ", f"Machine: {stored.get('machine')}",
              "", f"{stored.get('devices', 8)} devices; step time predicted on the "
              f"`{stored.get('profile')}` profile (search/simulate.py); peaks estimated "
              "(search/memory.py). Each mix is searched at memory weights 0 and 2^-6..2^16 "
              "(bytes moved per byte stored); per budget, its fastest plan that fits. Chosen: "
-             "the fastest over the mixes, against partitioning alone's.", ""]
+             "the fastest over the mixes, against partitioning alone's. Pipeline mixes: "
+             "the step accumulates gradients over as many micro-batches as stages (batch 8: "
+             "micro-batches of 4 or 2), stages balanced by the bytes each holds "
+             "(search/pipeline.py), the step time list-scheduled over the stages "
+             "(simulate.pipelined_step_time).", ""]
     for name, mixes in stored.get("configs", {}).items():
         lines += [f"## {name}", "", markdown_table(
             ["mix", "recomputed ops", "smallest peak GiB"] +
