@@ -207,6 +207,9 @@ class Plan:
                          f"(one device, unpartitioned: {human_bytes(self.single_device_peak_bytes)}"
                          f"; ideal 1/{self.num_devices}: "
                          f"{human_bytes(self.single_device_peak_bytes / self.num_devices)})")
+        if self.step_seconds is not None:
+            lines.append(f"  predicted step: {self.step_seconds * 1e3:.2f} ms (the simulator, "
+                         "which chose this plan)")
         if self.stages:
             counts = [0] * self.levels[0].ways
             for stage in self.stages.values():
