@@ -208,7 +208,7 @@ class Plan:
                          f"; ideal 1/{self.num_devices}: "
                          f"{human_bytes(self.single_device_peak_bytes / self.num_devices)})")
         if self.step_seconds is not None:
-            lines.append(f"  predicted step: {self.step_seconds * 1e3:.2f} ms (the simulator, "
+            lines.append(f"  predicted step: {self.step_seconds:.4g} s (the simulator, "
                          "which chose this plan)")
         if self.stages:
             counts = [0] * self.levels[0].ways
