@@ -47,9 +47,9 @@ REWRITTEN = tofu_tf.Options(early_updates=True, recompute=tofu_tf.Recompute.CHEA
 
 @pytest.mark.parametrize("build,devices,options", [
     (_subclassed, 4, tofu_tf.Options()), (_functional, 6, tofu_tf.Options()),
-    (_subclassed, 8, REWRITTEN)],
+    (_subclassed, 8, REWRITTEN), (_functional, 8, tofu_tf.Options(pipeline_stages=2))],
     ids=["subclassed-custom-layer", "functional-shared-two-outputs",
-         "subclassed-rewritten-keras-adam"])
+         "subclassed-rewritten-keras-adam", "functional-two-pipeline-stages"])
 def test_user_model_trains_like_tf_function(build, devices, options):
     reference, reference_step, mine, my_step, batch = _twins(build)
     assert all(w.dtype == "float64" for w in mine.weights)
@@ -66,6 +66,8 @@ def test_user_model_trains_like_tf_function(build, devices, options):
     assert optimized.num_devices == devices and optimized.ledger.step_bytes > 0
     assert optimized.plan.early_updates == options.early_updates
     assert bool(optimized.plan.recompute) == (options.recompute is tofu_tf.Recompute.CHEAP)
+    stages = options.pipeline_stages if options.pipeline_stages > 1 else 0
+    assert len(set(optimized.plan.stages.values())) == stages
     partitioned.write_back()
     _assert_same_weights(mine, reference)
 
