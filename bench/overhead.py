@@ -53,6 +53,10 @@ flags.DEFINE_float("flop_bytes", None, "Options.flop_bytes: bytes one flop of re
                    "computation costs in the search (default: the step profile's rate)")
 flags.DEFINE_float("transfer_bytes", 0.0, "Options.transfer_bytes: bytes one transfer's "
                    "latency costs in the search (default 0: ties only)")
+flags.DEFINE_integer("pipeline_stages", 1, "Options.pipeline_stages: each op on one of this "
+                     "many device groups (search/pipeline.py)")
+flags.DEFINE_integer("micro_batches", 1, "the step accumulates gradients over this many "
+                     "slices of its batch (models.build); the unpartitioned step too")
 flags.DEFINE_bool("floor", True, "tiny configs: also time N whole copies of the step, one "
                   "per device (the floor of a plan that runs every op on every device)")
 flags.DEFINE_bool("fresh", False, "drop the stored rows first")
@@ -77,7 +81,8 @@ def measure(config: str, device_counts: list[int]) -> list[dict]:
     from tofu_tf.runtime.session import Runner, SingleDevice
     model, sizes, medium = CONFIGS[config]
     steps, warmup = (FLAGS.medium_steps, 1) if medium else (FLAGS.steps, FLAGS.warmup)
-    step = build(model, optimizer="sgd", graph_only=True, **sizes)
+    step = build(model, optimizer="sgd", graph_only=True, micro_batches=FLAGS.micro_batches,
+                 **sizes)
     feeds = dict(zip(step.feeds, step.sample_batch(0)))
     with SingleDevice(step.graph_def, step.init_op, step.fetches) as single_device:
         values = single_device.values()
@@ -89,7 +94,8 @@ def measure(config: str, device_counts: list[int]) -> list[dict]:
                                                  replicate_below=FLAGS.replicate_below,
                                                  compute_once_below=FLAGS.compute_once_below,
                                                  flop_bytes=FLAGS.flop_bytes,
-                                                 transfer_bytes=FLAGS.transfer_bytes))
+                                                 transfer_bytes=FLAGS.transfer_bytes,
+                                                 pipeline_stages=FLAGS.pipeline_stages))
             with Runner(optimized, values) as runner:
                 single, parted = paired_medians(lambda: single_device.run(feeds),
                                                 lambda: runner.run(feeds), steps, warmup)
@@ -138,6 +144,7 @@ def _row(config, model, medium, devices, steps, step, optimized, whole, profile,
         "sequential": FLAGS.sequential, "replicate_below": FLAGS.replicate_below,
         "compute_once_below": FLAGS.compute_once_below,
         "flop_bytes": FLAGS.flop_bytes, "transfer_bytes": FLAGS.transfer_bytes,
+        "pipeline_stages": FLAGS.pipeline_stages, "micro_batches": FLAGS.micro_batches,
         "steps": steps,
         "single_seconds": single, "partitioned_seconds": parted,
         "ratio": parted / single, "copies_ratio": floor,
@@ -170,9 +177,12 @@ def setting(row: dict) -> str:
                  ", bytes only" if work == 0 and latency == 0 else
                  f", work {'priced' if work is None else f'{work:g}'}, transfers "
                  f"{'priced' if latency is None else f'{latency:g}'}")
+    stages, micro = row.get("pipeline_stages", 1), row.get("micro_batches", 1)
     return (("seq" if row["sequential"] else "free")
             + (f", replicated < {below}" if below else "")
-            + (f", once < {once}" if once else "") + price)
+            + (f", once < {once}" if once else "") + price
+            + (f", {stages} stages" if stages > 1 else "")
+            + (f", {micro} micro-batches" if micro > 1 else ""))
 
 
 def table(stored: dict) -> str:
@@ -214,7 +224,10 @@ def table(stored: dict) -> str:
         "priced: the search prices the computation replicated ops repeat "
         "(`Options.flop_bytes` at the profile's rate, the default since it exists; rows "
         "without a price moved the fewest bytes); transfers n: `Options.transfer_bytes` = n "
-        "(0, the default: transfers only break ties); bytes only: both 0. N copies: N whole copies of the unpartitioned step, one per device, in one "
+        "(0, the default: transfers only break ties); bytes only: both 0; S stages: "
+        "`Options.pipeline_stages` = S (each op on one of S device groups); M micro-batches: "
+        "the step (and the unpartitioned one it is timed against) accumulates gradients over "
+        "M slices of its batch. N copies: N whole copies of the unpartitioned step, one per device, in one "
         "session, over one copy (tiny configs): the floor of any plan that runs every op on "
         "every device. Machines (column cpu): "
         + "; ".join(f"{i + 1}: {m}" for i, m in enumerate(machines)) + ".",
@@ -251,6 +264,8 @@ def main(argv) -> int:
                    + (f":once{row['compute_once_below']}" if row["compute_once_below"] else "")
                    + (f":fb{row['flop_bytes']}:tb{row.get('transfer_bytes', 0.0)}"
                       if "flop_bytes" in row else "")
+                   + (f":ps{row['pipeline_stages']}" if row["pipeline_stages"] > 1 else "")
+                   + (f":mb{row['micro_batches']}" if row["micro_batches"] > 1 else "")
                    + f":{row['code']}")
             stored["rows"][key] = row
         write_results("overhead", stored, table)
