@@ -68,7 +68,7 @@ def assign_stages(graph: Graph, stages: int) -> dict[str, int]:
     """op name -> stage (module docstring); constants are left out."""
     handles = {v.handle: v.name for v in graph.variables.values()}
     unit = _variable_units(graph, handles)
-    order = _forward_order(graph, handles)
+    order = _forward_order(graph, handles, unit)
     sizes: dict[str, int] = {}
     for v in graph.variables.values():           # its buffer, and its gradient's
         sizes[unit[v.name]] = sizes.get(unit[v.name], 0) + v.num_bytes * (
@@ -172,10 +172,10 @@ def _variable_units(graph: Graph, handles: Mapping[str, str]) -> dict[str, str]:
     return {name: find(name) for name in graph.variables}
 
 
-def _forward_order(graph: Graph, handles: Mapping[str, str]) -> dict[str, int]:
+def _forward_order(graph: Graph, handles: Mapping[str, str], unit: Mapping[str, str]
+                   ) -> dict[str, int]:
     """unit representative -> the position of the first forward op reading it (through
     its handle or a read of it)."""
-    unit = _variable_units(graph, handles)
     first: dict[str, int] = {}
     for i, op in enumerate(graph):
         if op.role is not Role.FORWARD:
