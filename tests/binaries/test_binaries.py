@@ -62,6 +62,26 @@ def test_train_and_plan_with_recomputation(tmp_path):
     assert "Traceback" not in run.stderr
 
 
+def test_train_and_plan_with_pipeline_stages(tmp_path):
+    plan_path = tmp_path / "plan.json"
+    run = _run("tofu_tf.train", "--model=transformer", "--recompute", "--pipeline_stages=2",
+               "--num_devices=8", "--steps=2", f"--plan_out={plan_path}")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "MATCH: 2 steps on 8 devices" in run.stdout
+    assert "pipeline: 2 stages of 4 devices" in run.stdout + run.stderr
+    plan = json.loads(plan_path.read_text())
+    assert set(plan["stages"].values()) == {0, 1} and plan["recompute"]
+    run = _run("tofu_tf.plan", "--model=transformer", "--memory_budget=400KiB", "--recompute",
+               "--pipeline", "--baselines=false")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "predicted step" in run.stdout and "step rewrites" in run.stdout
+    run = _run("tofu_tf.plan", "--model=mlp", "--pipeline_stages=3")   # 3 micro-batches
+    assert run.returncode == 2 and "does not cut into 3 equal micro-batches" in run.stderr
+    run = _run("tofu_tf.plan", "--model=mlp", "--pipeline_stages=3", "--micro_batches=1")
+    assert run.returncode == 2 and "pipeline stages over 8 devices" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
 def test_train_with_an_impossible_budget_exits_2_with_the_fix():
     run = _run("tofu_tf.train", "--model=mlp", "--num_devices=4", "--memory_budget=1KiB")
     assert run.returncode == 2, run.stderr[-3000:]
