@@ -129,3 +129,18 @@ def test_the_stage_count_search_keeps_the_fastest_that_fits():
         make_plan(graph, topology, options=dataclasses.replace(
             options, pipeline_stages=0, memory_budget_bytes=1000))
     assert err.value.best_peak_bytes > 1000
+
+
+@pytest.mark.parametrize("model,stages", [("wresnet", 2), ("transformer", 4)])
+def test_stage_boundaries_move_to_lower_the_largest_stage(model, stages, monkeypatch):
+    """The boundaries start where the bytes balance and move while the largest stage's
+    peak (search/memory.stage_peaks) falls: never above the starting cut's."""
+    from tofu_tf.search import pipeline
+    from tofu_tf.search.memory import stage_peaks
+    graph = graph_of(model, micro=2)
+    balanced = stage_peaks(graph, assign_stages(graph, stages))
+    monkeypatch.setattr(pipeline, "BALANCE_EVALUATIONS", 0)
+    monkeypatch.setattr(pipeline, "_ASSIGNED", {})
+    start = stage_peaks(graph, assign_stages(graph, stages))
+    assert max(balanced) <= max(start)
+    assert len(balanced) == stages and min(balanced) > 0

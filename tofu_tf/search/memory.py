@@ -64,16 +64,31 @@ def single_device_peak(graph: Graph, cpu: bool = True, explain: int = 0) -> Plan
     return _estimate(graph, tensors, {}, cpu, explain)
 
 
+def stage_peaks(graph: Graph, stages: Mapping[str, int], cpu: bool = True) -> list[int]:
+    """Per pipeline stage, the unpartitioned graph's peak of the ops it runs (each stage on
+    one device, receiving what it reads from the others): what `assign_stages` balances,
+    since the levels below cut every stage's tensors alike."""
+    tensors = {name: TensorSpec(name, t.shape, t.dtype) for name, t in graph.tensors.items()}
+    found = _peaks(graph, tensors, {}, cpu, 0, stages)
+    return [found[str(s)].peak_bytes if str(s) in found else 0
+            for s in range(max(stages.values(), default=0) + 1)]
+
+
 def _estimate(graph: Graph, tensors, local, cpu: bool, explain: int,
               stages: Mapping[str, int] | None = None) -> PlanMemory:
+    found = _peaks(graph, tensors, local, cpu, explain, stages)
+    memory = max(found.values(), key=lambda m: (m.peak_bytes, m.device))
+    return PlanMemory(memory.persistent_bytes, memory.transient_peak_bytes, memory.peak_op,
+                      memory.peak_buffers)
+
+
+def _peaks(graph: Graph, tensors, local, cpu: bool, explain: int,
+           stages: Mapping[str, int] | None):
     nodes = [_node(graph, op, tensors, local.get(op.name), cpu) for op in graph]
     if stages:
         nodes = [dataclasses.replace(node, device=str(_stage(graph, op, stages)))
                  for node, op in zip(nodes, graph)]
-    found = peaks(nodes, set(graph.fetches), shared_memory=not stages, explain=explain)
-    memory = max(found.values(), key=lambda m: (m.peak_bytes, m.device))
-    return PlanMemory(memory.persistent_bytes, memory.transient_peak_bytes, memory.peak_op,
-                      memory.peak_buffers)
+    return peaks(nodes, set(graph.fetches), shared_memory=not stages, explain=explain)
 
 
 def _stage(graph: Graph, op, stages: Mapping[str, int]) -> int:

@@ -37,10 +37,12 @@ in the order the step wrote them).
 
 from __future__ import annotations
 
+import bisect
 from typing import Mapping
 
 from tofu_tf.errors import PlanInfeasibleError
 from tofu_tf.graph import Graph, Op, Role
+from tofu_tf.search.memory import stage_peaks
 from tofu_tf.search.topology import Level, Topology
 
 UNSTAGED = ("Const",)            # every device holds its own copy
@@ -65,7 +67,10 @@ def split_topology(topology: Topology, stages: int) -> tuple[Level, Topology]:
 
 
 def assign_stages(graph: Graph, stages: int) -> dict[str, int]:
-    """op name -> stage (module docstring); constants are left out."""
+    """op name -> stage (module docstring); constants are left out. Remembered per graph."""
+    found = _ASSIGNED.get((id(graph), stages))
+    if found is not None and found[0] is graph:
+        return dict(found[1])
     handles = {v.handle: v.name for v in graph.variables.values()}
     unit = _variable_units(graph, handles)
     order = _forward_order(graph, handles, unit)
@@ -81,16 +86,70 @@ def assign_stages(graph: Graph, stages: int) -> dict[str, int]:
             f"{stages} pipeline stages, but the step has {len(units)} independent "
             f"variable groups to spread over them.",
             fix="use fewer pipeline stages (a stage holds at least one layer's weights).")
-    total, before, unit_stage, previous = sum(sizes.values()) or 1, 0, {}, 0
+    starts, before, previous = [0], 0, 0
+    total = sum(sizes.values()) or 1
     for i, u in enumerate(units):
         wanted = int((before + sizes[u] / 2) / total * stages)
         # no stage skipped, and enough units left for the stages after this one
-        previous = max(min(wanted, previous + 1 if i else 0, stages - 1),
-                       previous, stages - (len(units) - i))
-        unit_stage[u] = previous
+        stage = max(min(wanted, previous + 1 if i else 0, stages - 1),
+                    previous, stages - (len(units) - i))
+        if stage > previous:
+            starts.append(i)
+        previous = stage
         before += sizes[u]
-    var_stage = {name: unit_stage[unit[name]] for name in graph.variables}
 
+    def op_stages(starts: list[int]) -> dict[str, int]:
+        unit_stage = {u: bisect.bisect_right(starts, i) - 1 for i, u in enumerate(units)}
+        return _op_stages(graph, handles, {name: unit_stage[unit[name]]
+                                           for name in graph.variables})
+
+    stage = _balanced(starts, len(units), op_stages, lambda s: stage_peaks(graph, s))
+    _ASSIGNED[(id(graph), stages)] = (graph, stage)
+    if len(_ASSIGNED) > 16:
+        _ASSIGNED.pop(next(iter(_ASSIGNED)))
+    return dict(stage)
+
+
+_ASSIGNED: dict = {}        # (id(graph), stages) -> (graph, op -> stage)
+BALANCE_EVALUATIONS = 12    # per-stage peak estimates `_balanced` may make
+
+
+def _balanced(starts: list[int], count: int, op_stages, peaks_of) -> dict[str, int]:
+    """The stage boundaries (`starts`: each stage's first unit) moved, while it lowers the
+    largest stage's peak (unpartitioned, `stage_peaks`): the largest stage gives units to
+    a neighbour, a quarter of a stage's share at first, halving down to one unit."""
+    best = op_stages(starts)
+    best_peaks = peaks_of(best)
+    step = max(1, count // (4 * len(starts)))
+    evaluations = 0
+    while evaluations < BALANCE_EVALUATIONS:
+        s = max(range(len(starts)), key=best_peaks.__getitem__)
+        moves = []
+        if s > 0:                                  # its first units to the stage before
+            moves.append((s, starts[s] + step))
+        if s + 1 < len(starts):                    # its last units to the stage after
+            moves.append((s + 1, starts[s + 1] - step))
+        improved = False
+        for boundary, value in moves:
+            tried = starts[:boundary] + [value] + starts[boundary + 1:]
+            if not all(a < b for a, b in zip(tried, tried[1:] + [count])) or tried[0] != 0:
+                continue
+            evaluations += 1
+            stage = op_stages(tried)
+            found = peaks_of(stage)
+            if max(found) < max(best_peaks):
+                starts, best, best_peaks, improved = tried, stage, found, True
+                break
+        if not improved:
+            if step == 1:
+                break
+            step //= 2
+    return best
+
+
+def _op_stages(graph: Graph, handles: Mapping[str, str], var_stage: Mapping[str, int]
+               ) -> dict[str, int]:
+    """op -> stage, the variables' stages given (module docstring, rules 2 and 3)."""
     stage: dict[str, int] = {}
     for op in graph:
         forced = [var_stage[handles[t]] for t in op.inputs + op.outputs if t in handles]
