@@ -9,7 +9,7 @@ import pytest
 
 from tofu_tf.errors import PlanInfeasibleError
 from tofu_tf.models import build
-from tofu_tf.options import Options, Recompute
+from tofu_tf.options import Collectives, Options, Recompute
 from tofu_tf.rewrite.verify import cross_device_bytes
 from tofu_tf.runtime.session import SingleDevice
 from tofu_tf.search.pipeline import stage_of_devices
@@ -101,3 +101,21 @@ def test_a_stage_count_that_does_not_divide_the_devices_is_an_error():
         compare("mlp", "sgd", num_devices=8, options=Options(pipeline_stages=3))
     with pytest.raises(PlanInfeasibleError, match="pipeline stages"):
         compare("mlp", "sgd", num_devices=4, options=Options(pipeline_stages=4))
+
+
+@pytest.mark.parametrize("model,where,options,micro", [
+    # batch norm updates its statistics once per micro-batch: each read of them waits
+    # for the last update (the executor free to run ahead, without the device chain)
+    ("wresnet", {"topology": "2x4"}, Options(pipeline_stages=2, sequential=False), 2),
+    # an op computed once runs on its stage's first device
+    ("transformer", {"num_devices": 8}, Options(pipeline_stages=4, compute_once_below=4096,
+                                                 replicate_below=4096), 4),
+    ("lstm", {"num_devices": 8}, Options(pipeline_stages=2,
+                                         collectives=Collectives.V2), 2),
+    ("transformer", {"num_devices": 8}, Options(pipeline_stages=2, shard_feeds=True), 2)],
+    ids=["batch-norm-free-executor", "computed-once", "v2-collectives", "sharded-feeds"])
+def test_stages_with_the_other_options(model, where, options, micro):
+    optimized = compare(model, "adam", dtype="float64", micro_batches=micro, options=options,
+                        **where)
+    assert optimized.plan.stages
+    assert optimized.ledger.step_bytes == optimized.plan.predicted_bytes

@@ -55,7 +55,11 @@ class Block:
             return self.apply(*inputs)      # tracing a block costs more than one call
         trace = self._trace(inputs)
         with tf.name_scope(self.name):
-            results = trace.function(*inputs, *[v.value() for v in self.variables])
+            values = []
+            for v in self.variables:              # after this step's earlier updates of v
+                with tf.control_dependencies([] if tracing() else self._store.updates_of(v)):
+                    values.append(v.value())
+            results = trace.function(*inputs, *values)
         if not isinstance(results, (list, tuple)):
             results = [results]
         outputs, updates = results[:trace.num_outputs], results[trace.num_outputs:]

@@ -146,6 +146,16 @@ class VariableStore:
         self.slot_variables.append(slot)
         return slot
 
+    def updates_of(self, var) -> list[tf.Operation]:
+        """The step's updates so far that write `var`: a later read of it must wait for
+        them (in a graph, a read and an assignment of one variable have no order of their
+        own; a step of several micro-batches updates a batch norm's statistics once per
+        micro-batch)."""
+        handle = getattr(var, "handle", None)
+        return [op for op in self.updates
+                if handle is not None and op.inputs and op.inputs[0].name == handle.name
+                and op.graph is handle.graph]
+
     def add_update(self, op: tf.Operation | None) -> None:
         """A state update of the step; None (an assignment a block's trace records, made
         after the block's call) adds nothing."""

@@ -126,7 +126,8 @@ def _update_moving(store: VariableStore, moving: tf.Variable, batch_value: tf.Te
     writes it: a Sub, a Mul and an AssignSubVariableOp, never differentiated (in a block's
     function, whose backward differentiates every result, a StopGradient keeps the Mul's
     and Sub's broadcasting gradients, dead ops, out of it)."""
-    with record.stop_recording():
+    earlier = [] if tracing() else store.updates_of(moving)
+    with record.stop_recording(), tf.control_dependencies(earlier):
         delta = (moving - batch_value) * shared_constant(1.0 - BN_MOMENTUM,
                                                          batch_value.dtype)
     if tracing():

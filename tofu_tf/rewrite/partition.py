@@ -313,6 +313,8 @@ def partition(graph: Graph, entries: Mapping[str, OpEntry], plan: Plan,
             continue
         labels = tuple(level.choices.get(op.name, REPLICATE) for level in plan.levels)
         key = _class_key(op, entry, labels)
+        if key is not None and plan.stages:      # a class runs on its stage's devices
+            key = key + (plan.stages.get(op.name),)
         if key is not None and key in alike:     # its class decided computing once too
             ops[op.name] = tuple(_renamed(piece, op.name) for piece in alike[key])
             continue
@@ -321,14 +323,20 @@ def partition(graph: Graph, entries: Mapping[str, OpEntry], plan: Plan,
         pieces = device_ops(entry.semantics, entry.strategies, labels, ways, coords, memo,
                             dtypes, _asked_once(result_shapes))
         if once_below and computed_once(op, entry.semantics, pieces, graph, once_below):
-            pieces = pieces[:1] + tuple(dataclasses.replace(piece, elsewhere=True)
-                                        for piece in pieces[1:])
+            first = _first_device(plan.stages.get(op.name), ways)
+            pieces = tuple(piece if piece.device == first
+                           else dataclasses.replace(piece, elsewhere=True) for piece in pieces)
         ops[op.name] = pieces
         if key is not None:
             alike[key] = pieces
     if plan.stages:
         ops, stored = _staged(graph, plan.stages, ways, ops, stored)
     return Partition(ways, stored, ops)
+
+
+def _first_device(stage: int | None, ways) -> int:
+    """Where an op computed once runs: device 0, or its pipeline stage's first device."""
+    return 0 if stage is None else stage * math.prod(ways[1:])
 
 
 def _staged(graph: Graph, stages: Mapping[str, int], ways, ops, stored):
