@@ -152,9 +152,10 @@ class VariableStore:
         own; a step of several micro-batches updates a batch norm's statistics once per
         micro-batch)."""
         handle = getattr(var, "handle", None)
+        if handle is None or not tf.is_symbolic_tensor(handle):
+            return []      # an eager variable: tf.function orders its reads and writes
         return [op for op in self.updates
-                if handle is not None and op.inputs and op.inputs[0].name == handle.name
-                and op.graph is handle.graph]
+                if op.graph is handle.graph and op.inputs and op.inputs[0].name == handle.name]
 
     def add_update(self, op: tf.Operation | None) -> None:
         """A state update of the step; None (an assignment a block's trace records, made
