@@ -99,7 +99,7 @@ def table(stored: dict) -> str:
              "(bytes moved per byte stored); per budget, its fastest plan that fits. Chosen: "
              "the fastest over the mixes, against partitioning alone's. Pipeline mixes: "
              "the step accumulates gradients over as many micro-batches as stages (batch 8: "
-             "micro-batches of 4 or 2), stages balanced by the bytes each holds "
+             "micro-batches of 4 or 2), stages balanced by what each holds "
              "(search/pipeline.py), the step time list-scheduled over the stages "
              "(simulate.pipelined_step_time).", ""]
     for name, mixes in stored.get("configs", {}).items():

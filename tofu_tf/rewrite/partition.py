@@ -313,7 +313,7 @@ def partition(graph: Graph, entries: Mapping[str, OpEntry], plan: Plan,
             continue
         labels = tuple(level.choices.get(op.name, REPLICATE) for level in plan.levels)
         key = _class_key(op, entry, labels)
-        if key is not None and plan.stages:      # a class runs on its stage's devices
+        if key is not None and once_below and plan.stages:   # computed once in its stage
             key = key + (plan.stages.get(op.name),)
         if key is not None and key in alike:     # its class decided computing once too
             ops[op.name] = tuple(_renamed(piece, op.name) for piece in alike[key])

@@ -15,7 +15,9 @@ ops, their gradients and its weights' updates stay together:
    in the forward pass and cut into S runs of about equal bytes: a unit's variables (a
    weight twice: its gradient is as large), and the forward results its backward pass
    reads, computed from its first read to the next unit's (the memory a stage holds for
-   the step).
+   the step). The boundaries then move while the largest stage's peak falls (the
+   liveness model per stage on the unpartitioned graph, `memory.stage_peaks`: the levels
+   below cut every stage's tensors alike).
 2. An op that reads a variable's handle (its reads, updates, gathers) runs in the
    variable's stage; any other forward op runs in the latest stage of what it reads, so
    the forward pass only moves forward through the stages.
@@ -48,16 +50,21 @@ from tofu_tf.search.topology import Level, Topology
 UNSTAGED = ("Const",)            # every device holds its own copy
 
 
+def stage_counts(num_devices: int) -> list[int]:
+    """The stage counts that cut `num_devices` into equal groups of 2 or more."""
+    return [s for s in range(2, num_devices) if num_devices % s == 0 and num_devices // s >= 2]
+
+
 def split_topology(topology: Topology, stages: int) -> tuple[Level, Topology]:
     """(the stage level, the topology of one stage's devices) for `stages` stages over
     `topology`'s devices: the stage level takes the outermost levels' links."""
     n = topology.num_devices
-    if stages < 2 or n % stages or n == stages:
+    if stages not in stage_counts(n):
         raise PlanInfeasibleError(
             f"{stages} pipeline stages over {n} devices: each stage needs the same number "
             f"of devices, at least 2.",
             fix=f"pass a stage count >= 2 that divides {n} into groups of 2 or more "
-                f"devices (e.g. {[s for s in range(2, n) if n % s == 0 and n // s >= 2]}).")
+                f"devices (e.g. {stage_counts(n)}).")
     outer = topology.levels[0]
     stage_level = Level(stages, outer.bandwidth, outer.latency, name="stages")
     if outer.ways == stages:

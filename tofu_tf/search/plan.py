@@ -336,19 +336,19 @@ def _pipeline_plan(graph: Graph, topology: Topology, options: Options,
     """The plan over one stage's devices, with the stage level in front (search/pipeline.py):
     each op's stage from the step the plan partitions, and each device's memory estimate
     (and step time: `timed`) from its own stage's ops."""
-    from tofu_tf.search.pipeline import assign_stages, split_topology
+    from tofu_tf.search.pipeline import split_topology
     start = time.perf_counter()
     stage_level, inner = split_topology(topology, options.pipeline_stages)
     plan = _make_plan(graph, inner, options, timed)   # memory per stage (recursive._search)
-    stages = assign_stages(step_graph(graph, plan), stage_level.ways)
-    plan = _with_stages(plan, stage_level, stages)
+    plan = _with_stage_level(plan, stage_level)
     return dataclasses.replace(plan, search_seconds=time.perf_counter() - start)
 
 
-def _with_stages(plan, stage_level: Level, stages: Mapping[str, int]):
-    """`plan` (searched for one stage's devices) with the stage level prepended: every
-    tensor stored R and every op a `replicate` there (each group would run all of it),
-    and `stages` saying which group runs each op (partition.py keeps the others idle)."""
+def _with_stage_level(plan, stage_level: Level):
+    """`plan` (searched for one stage's devices, its `stages` those of the graph it
+    partitions: `_searched_plan`) with the stage level prepended: every tensor stored R
+    and every op a `replicate` there (each group would run all of it), the stages saying
+    which group runs each op (partition.py keeps the others idle)."""
     groups = set(plan.groups.values())
     level = LevelPlan(stage_level.ways, stage_level.bandwidth, stage_level.latency, 1,
                       {g: "R" for g in sorted(groups)}, {}, 0.0, True)
@@ -357,7 +357,7 @@ def _with_stages(plan, stage_level: Level, stages: Mapping[str, int]):
     return dataclasses.replace(
         plan, topology=((stage_level.ways, stage_level.bandwidth, stage_level.latency),)
         + tuple(plan.topology), levels=(level,) + tuple(plan.levels),
-        stages=dict(stages), per_device_peak_bytes=(peaks[0],) * n if peaks else ())
+        per_device_peak_bytes=(peaks[0],) * n if peaks else ())
 
 
 def _stage_count_search(graph: Graph, topology: Topology, options: Options) -> Plan:
@@ -365,10 +365,11 @@ def _stage_count_search(graph: Graph, topology: Topology, options: Options) -> P
     two or more (1: no pipeline) planned as asked (budget, recomputation), and the plan
     predicted fastest on the step profile kept (ties: fewer stages); none fitting, the
     error of the count that came closest."""
+    from tofu_tf.search.pipeline import stage_counts
     start = time.perf_counter()
     n = topology.num_devices
     planned, failures = [], []
-    for count in [1] + [s for s in range(2, n) if n % s == 0 and n // s >= 2]:
+    for count in [1] + stage_counts(n):
         counted = dataclasses.replace(options, pipeline_stages=count)
         try:
             plan = (_pipeline_plan(graph, topology, counted, timed=True) if count > 1
@@ -398,20 +399,38 @@ def _make_plan(graph: Graph, topology: Topology, options: Options,
         result = search(graph, topology, options=options)
     else:
         result = search_within_budget(graph, topology, options)
+    plan = _searched_plan(result, graph, options, timed)
+    return dataclasses.replace(plan, search_seconds=time.perf_counter() - start)
+
+
+def _searched_plan(result: SearchResult, graph: Graph, options: Options,
+                   timed: bool) -> Plan:
+    """The plan of a search of `graph`, with the stage of each op where the search planned
+    one stage's devices of `options.pipeline_stages` (`_with_stage_level` adds the level),
+    and with the simulator's step time where `timed`."""
     plan = plan_from_search(result, graph)
+    stages = _stages(graph, options)
+    if stages:
+        plan = dataclasses.replace(plan, stages=stages)
     if timed:
         plan = dataclasses.replace(plan, step_seconds=_step_seconds(graph, result, options))
-    return dataclasses.replace(plan, search_seconds=time.perf_counter() - start)
+    return plan
+
+
+def _stages(graph: Graph, options: Options) -> dict[str, int] | None:
+    """op -> stage over `options.pipeline_stages` stages (search/pipeline.py; the search
+    estimated each stage's memory by the same map), None without stages."""
+    from tofu_tf.search.pipeline import assign_stages
+    return (assign_stages(graph, options.pipeline_stages)
+            if options.pipeline_stages > 1 else None)
 
 
 def _step_seconds(graph: Graph, result: SearchResult, options: Options) -> float:
     """The simulator's step time of a search result on the options' step profile, as one
     stage's devices of `options.pipeline_stages` where there are several."""
-    from tofu_tf.search.pipeline import assign_stages
     from tofu_tf.search.simulate import plan_step_time, step_profile
-    stages = (assign_stages(graph, options.pipeline_stages)
-              if options.pipeline_stages > 1 else None)
-    return plan_step_time(graph, result, step_profile(options), stages=stages).seconds
+    return plan_step_time(graph, result, step_profile(options),
+                          stages=_stages(graph, options)).seconds
 
 
 # Memory weights `Options.fastest_step` searches at (0: the fewest bytes).
@@ -480,9 +499,7 @@ def _transformed_plan(graph: Graph, topology: Topology, options: Options,
                 seconds = plan.step_seconds or 0.0
             else:
                 result = search_within_budget(rewritten, topology, plain)
-                plan = dataclasses.replace(plan_from_search(result, rewritten),
-                                           step_seconds=_step_seconds(rewritten, result,
-                                                                      plain))
+                plan = _searched_plan(result, rewritten, plain, timed=True)
                 seconds = plan.step_seconds
         except PlanInfeasibleError as e:
             if e.best_peak_bytes is None:           # not a budget (a time limit): say so
