@@ -99,6 +99,13 @@ def reference_loop_seconds(repeats: int = 5) -> float:
     return median_seconds(run, repeats, warmup=0)
 
 
+def timed_kernels() -> None:
+    """Timing benches run TensorFlow's own CPU kernels unless TF_ENABLE_ONEDNN_OPTS says
+    otherwise, as every stored row so far (`machine()["onednn"]` records the choice);
+    call before TensorFlow is imported."""
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+
+
 def machine(yardstick: bool = False) -> dict:
     """This machine and its software; with `yardstick`, also the reference loop's seconds
     (half a second to measure)."""

@@ -26,7 +26,7 @@ from pathlib import Path
 from absl import app, flags
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import CONFIGS, markdown_table, read_results, write_results  # noqa: E402
+from common import CONFIGS, markdown_table, read_results, timed_kernels, write_results  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("configs", ["mlp-medium", "wresnet-50-w2", "lstm-4-1024",
@@ -118,5 +118,5 @@ def main(argv) -> int:
 
 if __name__ == "__main__":
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+    timed_kernels()
     app.run(lambda argv: sys.exit(main(argv)))

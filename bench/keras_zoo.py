@@ -34,7 +34,9 @@ flags.DEFINE_string("dtypes", "float64,float32", "comma-separated float dtypes")
 flags.DEFINE_integer("devices", 8, "logical CPU devices")
 flags.DEFINE_integer("steps", 3, "training steps")
 flags.DEFINE_bool("fresh", False, "drop the stored rows first")
-flags.DEFINE_bool("onednn", False, "run with TensorFlow's oneDNN kernels on")
+flags.DEFINE_enum("onednn", "off", ["off", "on", "avx2"], "TensorFlow's oneDNN CPU kernels: "
+                  "off, on (this CPU's best ISA), or on with AVX2 kernels (what CPUs without "
+                  "AVX-512 run)")
 flags.DEFINE_bool("validate", False, "instead of training, validate every distinct op of "
                                      "each model's graph on its real inputs (float64)")
 flags.DEFINE_string("child", None, "internal: run one row (model@size:dtype) and print it")
@@ -55,7 +57,8 @@ def _rows() -> list[str]:
 
 
 def _key(row: str) -> str:
-    return f"{row}:{FLAGS.devices}" + (":onednn" if FLAGS.onednn else "")
+    return f"{row}:{FLAGS.devices}" + {"off": "", "on": ":onednn", "avx2": ":onednn-avx2"}[
+        FLAGS.onednn]
 
 
 def run_child(row: str) -> dict:
@@ -106,7 +109,8 @@ def validate_child(name: str, size: int) -> dict:
 
 def run_row(row: str) -> dict:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2",
-           "TF_ENABLE_ONEDNN_OPTS": "1" if FLAGS.onednn else "0"}
+           "TF_ENABLE_ONEDNN_OPTS": "0" if FLAGS.onednn == "off" else "1",
+           **({"ONEDNN_MAX_CPU_ISA": "AVX2"} if FLAGS.onednn == "avx2" else {})}
     command = [sys.executable, __file__, f"--child={row}", f"--devices={FLAGS.devices}",
                f"--steps={FLAGS.steps}"]
     start = time.perf_counter()
@@ -140,7 +144,7 @@ def table(stored: dict) -> str:
         part, ruler = r.get("partitioned") or {}, r.get("yardstick") or {}
         rows.append([r.get("model", r["row"]), r.get("image_size", "-"),
                      r.get("num_devices", "-"), r.get("dtype", "-"),
-                     "oneDNN" if key.endswith("onednn") else "off",
+                     {"onednn": "on", "onednn-avx2": "AVX2"}.get(key.split(":")[-1], "off"),
                      r["outcome"][:160].replace("|", "/"),
                      _e(part.get("loss_error")), _e(part.get("variable_error")),
                      _e(ruler.get("loss_error")), _e(ruler.get("variable_error")),

@@ -31,7 +31,6 @@ versions can stand side by side; `--fresh` drops the stored ones).
 from __future__ import annotations
 
 import functools
-import importlib
 import os
 import sys
 from pathlib import Path
@@ -64,7 +63,7 @@ flags.DEFINE_string("label", "", "the code measured, kept with each row (default
                                  "commit of the tofu_tf package imported)")
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import (CONFIGS, commit_label, cpu, markdown_table,  # noqa: E402
+from common import (CONFIGS, commit_label, cpu, markdown_table, timed_kernels,  # noqa: E402
                     paired_medians, read_results, write_results)
 
 
@@ -274,6 +273,6 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
-    importlib.import_module("tofu_tf")       # before TensorFlow: its CPU kernel choice
+    timed_kernels()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     app.run(lambda argv: sys.exit(main(argv)))

@@ -35,7 +35,6 @@ PyTorch: the same cuBLAS and cuDNN kernels.
 from __future__ import annotations
 
 import functools
-import importlib
 import os
 import statistics
 import sys
@@ -46,7 +45,7 @@ from absl import app, flags
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import (CONFIGS, markdown_table, median_seconds, read_results,  # noqa: E402
-                    write_results)
+                    timed_kernels, write_results)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("sections", ["plan", "graph"], "which simulators to calibrate")
@@ -314,6 +313,6 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
-    importlib.import_module("tofu_tf")       # before TensorFlow: its CPU kernel choice
+    timed_kernels()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     app.run(lambda argv: sys.exit(main(argv)))

@@ -38,7 +38,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
-from tofu_tf.errors import KeptWholeWarning, KernelConfigError, TofuError
+from tofu_tf.errors import KeptWholeWarning, TofuError
 from tofu_tf.graph import Graph
 from tofu_tf.op_semantics.catalog import catalog, missing_types
 from tofu_tf.options import Options
@@ -145,7 +145,6 @@ def optimize(graph_def: graph_pb2.GraphDef, fetches: Sequence[str], *,
     `devices`: device names (default: this host's logical CPUs); `plan`: a stored plan
     (`Plan.from_json`) to use instead of searching, checked against the graph first
     (without `num_devices` and `topology`, the plan's topology)."""
-    check_kernels(options, devices)
     topology = topology_of(num_devices, topology, plan)
     imported = import_graph_def(graph_def, list(fetches), feeds=list(feeds))
     return optimize_imported(imported, topology, feeds=feeds, options=options,
@@ -157,7 +156,6 @@ def optimize_imported(imported: ImportedGraph, topology: Topology, *,
                       devices: Sequence[str] | None = None, plan: Plan | None = None,
                       expose: Sequence[str] = ()) -> Optimized:
     """Plan (unless given), emit and verify an imported graph."""
-    check_kernels(options, devices)
     check_fits(imported.graph, topology)
     entries = catalog(imported.graph, strict=options.strict)
     _warn_kept_whole(entries)
@@ -200,24 +198,6 @@ def predict(plan: Plan, imported: ImportedGraph, entries=None, *,
         use_v2=uses_v2(options.collectives, names))), parts
 
 
-def check_kernels(options: Options, devices: Sequence[str] | None = None) -> None:
-    """A KernelConfigError when the step would run on CPUs with TensorFlow's oneDNN kernels
-    on (see tofu_tf/__init__.py: they give some local shapes wrong numbers), unless
-    `options.allow_onednn`. On GPUs only (every device named a GPU) it does not matter."""
-    if options.allow_onednn or (devices and all("GPU" in d.upper() for d in devices)):
-        return
-    from tensorflow.python.util import _pywrap_util_port
-    if _pywrap_util_port.IsMklEnabled():
-        raise KernelConfigError(
-            "TensorFlow's oneDNN CPU kernels are on. They give some shapes a partitioned "
-            "step runs wrong numbers (Conv2DBackpropFilter with a 1x1 filter, stride 2 "
-            "and fewer than 8 input channels: an input channel's gradient tens of "
-            "percent off).",
-            fix="set TF_ENABLE_ONEDNN_OPTS=0 before TensorFlow is imported (export it in "
-                "the shell, or import tofu_tf before tensorflow, which sets it); or pass "
-                "Options(allow_onednn=True) to run with them anyway.")
-
-
 def _warn_kept_whole(entries) -> None:
     missing = missing_types(entries)
     if missing:
@@ -248,7 +228,6 @@ class PartitionedFunction:
     def __init__(self, fn: Callable, *, num_devices: int | None = None,
                  topology: Topology | str | None = None, options: Options = Options(),
                  devices: Sequence[str] | None = None, plan: Plan | None = None):
-        check_kernels(options, devices)
         self._fn = fn if hasattr(fn, "get_concrete_function") else tf.function(fn)
         self._topology = topology_of(num_devices, topology, plan)
         self._options, self._devices, self._plan = options, devices, plan

@@ -13,7 +13,6 @@ what was expected, and how to fix it. Callers catch `TofuError` for all of them.
     ├── PlanInfeasibleError     no plan satisfies the constraints (devices, memory)
     ├── PlanMismatchError       a given plan does not fit the graph it is applied to
     ├── RewriteError            the partitioned graph cannot be emitted or fails checks
-    ├── KernelConfigError       TensorFlow runs kernels known to give split shapes wrong numbers
     └── WorkerError             a worker of a cluster failed, or the cluster cannot start
 """
 
@@ -93,11 +92,6 @@ class PlanMismatchError(TofuError):
 
 class RewriteError(TofuError):
     """The partitioned graph cannot be emitted, or fails verification."""
-
-
-class KernelConfigError(TofuError):
-    """TensorFlow is set up with kernels that give some local shapes of a partitioned step
-    wrong numbers (oneDNN on CPUs)."""
 
 
 class WorkerError(TofuError):

@@ -102,9 +102,6 @@ class Options:
     # Chain each device's ops with control edges in the planned order, so that the
     # executor cannot run ahead and raise the device's peak memory above the estimate.
     sequential: bool = True
-    # Partition for CPU devices even when TensorFlow's oneDNN kernels are on, which give
-    # some local shapes wrong numbers (api.check_kernels); off: a KernelConfigError.
-    allow_onednn: bool = False
     # Forward ops recomputed in the backward pass (AUTO needs a memory budget, and may
     # also move the updates early).
     recompute: Recompute = Recompute.NONE

@@ -58,3 +58,17 @@ def test_sequence_devices_chains_each_device_in_execution_order():
                        plan=free.plan)
     assert emitted.graph_def == chained
     assert all(by_name[n.name].device == n.device for n in emitted.graph_def.node)
+
+
+def test_merge_barriers_separate_the_pairs_onednn_merges_on_cpus_only():
+    from tofu_tf.rewrite.schedule import merge_barriers
+    names = ["x", "w", "conv", "other", "bias", "dy", "dw", "db", "pad", "conv2"]
+    ops = ["Placeholder", "Placeholder", "Conv2D", "Relu", "BiasAdd", "Placeholder",
+           "Conv2DBackpropFilter", "BiasAddGrad", "Pad", "Conv2D"]
+    inputs = [[], [], ["x", "w"], ["x"], ["conv", "w", "^other"], [], ["x", "w", "dy"],
+              ["dy:0"], ["x", "w"], ["pad", "w"]]
+    cpu = ["/device:CPU:0"] * len(names)
+    assert merge_barriers(names, ops, cpu, inputs) == [(4, 0), (7, 0), (9, 0)]
+    assert merge_barriers(names, ops, ["/device:GPU:0"] * len(names), inputs) == []
+    inputs[6] = ["x", "w", "x"]               # the filter gradient reads another tensor
+    assert merge_barriers(names, ops, cpu, inputs) == [(4, 0), (9, 0)]

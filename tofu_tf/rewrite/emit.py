@@ -253,6 +253,8 @@ class _Emitter:
         if any(t in self.variable_of and reads_values(op.type, piece, i, self.parts.stored[t][d])
                for i, t in enumerate(op.inputs)):
             op_type, attrs, inputs = self._on_values(op, attrs, inputs, d)
+        if op_type in _FILTER_GRADIENTS:
+            attrs, inputs = self._unit_stride(op, attrs, inputs, piece)
         name = self._name(op.name)
         results = self.out.node(op_type, name, d, inputs, attrs,
                                 self._kernel_shapes(op, piece),
@@ -269,6 +271,32 @@ class _Emitter:
                                          self._name(op.name + "/scale"))
             self.produced.setdefault(t, [None] * self.n)[d] = _Value(result, out.box)
         return name
+
+    def _unit_stride(self, op, attrs: dict, inputs: list[Ref], piece: DeviceOp
+                     ) -> tuple[dict, list[Ref]]:
+        """A 1x1 filter's gradient with strides > 1 as the same gradient at stride 1 of the
+        input's strided subsample (a 1x1 window reads only the pixels the strides land on,
+        and neither SAME nor VALID pads it). oneDNN's AVX2 kernel for the strided case
+        (jit_1x1:avx2, what TensorFlow's default x86 CPU kernels run on CPUs without
+        AVX-512) copies the input to unit stride first and, with fewer input channels than
+        its channel block of 8, writes past that workspace: wrong filter gradients (tens of
+        percent) and, by thread count, hangs or crashes
+        (https://github.com/uxlfoundation/oneDNN/issues/6035). A channel split makes such
+        local shapes out of a model's wide shortcut convolutions;
+        tests/robustness/test_onednn.py reproduces it. The subsample is 1/stride^2 of the
+        input, which the kernel itself would have copied."""
+        strides = tuple(attrs["strides"].list.i)
+        dilations = tuple(attrs["dilations"].list.i) if "dilations" in attrs else ()
+        nhwc = "data_format" not in attrs or attrs["data_format"].s in (b"", b"NHWC")
+        window = tuple(self._kernel_shapes(op, piece)[0][:2])
+        if (not nhwc or window != (1, 1) or strides[1:3] == (1, 1) or set(dilations) - {1}
+                or attrs["padding"].s not in (b"SAME", b"VALID")):
+            return attrs, inputs
+        sliced = self.out.strided_slice(inputs[0], (1, strides[1], strides[2], 1),
+                                        piece.device, self._name(op.name + "/unit_stride"))
+        attrs = {**attrs, "strides": attr_value_pb2.AttrValue(
+            list=attr_value_pb2.AttrValue.ListValue(i=[1, 1, 1, 1]))}
+        return attrs, [sliced, *inputs[1:]]
 
     def _kernel_shapes(self, op, piece: DeviceOp) -> tuple[tuple[int, ...], ...]:
         if piece.result_shapes is None and op.outputs:
@@ -627,6 +655,7 @@ def _result_shapes(graph: Graph, nodes, handles, op_name: str, local, in_shapes)
     return shapes + [tuple(b - a for a, b in share) for share in local.output_slices[len(shapes):]]
 
 
+_FILTER_GRADIENTS = frozenset({"Conv2DBackpropFilter", "DepthwiseConv2dNativeBackpropFilter"})
 _PLAIN = frozenset({int, float, bool, str, bytes})      # attr values compared with ==
 
 

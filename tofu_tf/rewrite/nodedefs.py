@@ -22,7 +22,7 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, graph_pb2, types_pb2
 from tensorflow.python.framework import op_def_registry
 
-from tofu_tf.rewrite.schedule import chain
+from tofu_tf.rewrite.schedule import chain, merge_barriers
 
 Shape = tuple[int, ...]
 
@@ -81,6 +81,10 @@ def str_attr(value: str) -> attr_value_pb2.AttrValue:
     return attr_value_pb2.AttrValue(s=value.encode())
 
 
+# The types oneDNN's kernels (and so its node merges) serve.
+_ONEDNN_TYPES = frozenset({types_pb2.DT_FLOAT, types_pb2.DT_BFLOAT16, types_pb2.DT_HALF})
+
+
 class GraphBuilder:
     """Appends NodeDefs to `graph_def` in call order (see the module docstring)."""
 
@@ -122,7 +126,22 @@ class GraphBuilder:
 
     def chain_devices(self, fetches: Sequence[str]) -> None:
         """Each device's nodes wait for the one before them (`schedule.sequence_devices`,
-        in place)."""
+        in place), with an Identity between the pairs of nodes oneDNN would merge
+        (`schedule.merge_barriers`)."""
+        names, _, _, inputs = self._records
+        index = {name: i for i, name in enumerate(names)}
+        for i, k in merge_barriers(*self._records):
+            node = self._nodes[i]
+            if node.attr["T"].type not in _ONEDNN_TYPES:
+                continue
+            source, _, output = inputs[i][k].partition(":")
+            shape = self._nodes[index[source]].attr["_output_shapes"].list.shape[
+                int(output or 0)]
+            barrier = self.node("Identity", self.name(node.name + "/barrier"),
+                                self.devices.index(node.device), (inputs[i][k],),
+                                {"T": node.attr["T"]}, [[d.size for d in shape.dim]],
+                                [node.attr["T"].type])[0]
+            node.input[k] = inputs[i][k] = barrier.name
         for i, before in chain(*self._records, fetches):
             self._nodes[i].input.append("^" + before)
 
@@ -151,6 +170,15 @@ class GraphBuilder:
         attrs = {"T": type_attr(tensor.dtype), "Index": type_attr(types_pb2.DT_INT32)}
         inputs = (tensor, self.int32(begin, device), self.int32(size, device))
         return self.node("Slice", name, device, inputs, attrs, [size], [tensor.dtype])[0]
+
+    def strided_slice(self, tensor: Ref, strides, device: int, name: str) -> Ref:
+        """Every `strides[i]`-th element of each dim i, from the first."""
+        shape = tuple(-(-n // s) for n, s in zip(tensor.shape, strides))
+        attrs = {"T": type_attr(tensor.dtype), "Index": type_attr(types_pb2.DT_INT32)}
+        inputs = (tensor, self.int32((0,) * len(strides), device),
+                  self.int32(tensor.shape, device), self.int32(tuple(strides), device))
+        return self.node("StridedSlice", name, device, inputs, attrs, [shape],
+                         [tensor.dtype])[0]
 
     def concat(self, parts: Sequence[Ref], axis: int, device: int, name: str) -> Ref:
         shape = list(parts[0].shape)

@@ -66,6 +66,47 @@ def chain(names: Sequence[str], ops: Sequence[str], devices: Sequence[str],
     return waits
 
 
+# oneDNN's graph pass (TensorFlow's MklLayoutRewritePass, on CPUs when oneDNN is on) merges
+# each of these producer-consumer pairs into one node: (producer op, consumer op, the
+# consumer's input the producer feeds). BiasAddGrad pairs with the Conv2DBackpropFilter
+# that reads the same gradient at its input 2 (a sibling, not a producer).
+ONEDNN_MERGES = (("Conv2D", "BiasAdd", 0), ("Pad", "Conv2D", 0))
+ONEDNN_SIBLING_MERGES = (("Conv2DBackpropFilter", 2, "BiasAddGrad", 0),)
+
+
+def merge_barriers(names: Sequence[str], ops: Sequence[str], devices: Sequence[str],
+                   inputs: Sequence[Sequence[str]]) -> list[tuple[int, int]]:
+    """(node index, input position) of the CPU nodes oneDNN would merge with another
+    node, where an Identity must stand between them in a chained graph. A merged node
+    inherits both nodes' control edges; with a node chained between the two (the first
+    -> X -> the second), X waits for the merged node and the merged node for X: a cycle
+    the executor never leaves (every thread idle, the step hung). The Identity (a
+    forwarded buffer, no copy) makes the pair no longer match."""
+    index = {name: i for i, name in enumerate(names)}
+    readers: dict[str, list[tuple[int, int]]] = {}
+    for i, node_inputs in enumerate(inputs):
+        for k, name in enumerate(node_inputs):
+            if not name.startswith("^"):
+                readers.setdefault(_tensor(name), []).append((i, k))
+    barriers = []
+    for i, op in enumerate(ops):
+        if "CPU" not in devices[i].upper():
+            continue
+        for producer, consumer, k in ONEDNN_MERGES:
+            if op == consumer and len(inputs[i]) > k and \
+                    ops[index[_source(inputs[i][k])]] == producer:
+                barriers.append((i, k))
+        for sibling, at, consumer, k in ONEDNN_SIBLING_MERGES:
+            if op == consumer and any(ops[j] == sibling and position == at for j, position
+                                      in readers.get(_tensor(inputs[i][k]), ())):
+                barriers.append((i, k))
+    return barriers
+
+
+def _tensor(name: str) -> str:
+    return name if ":" in name else name + ":0"
+
+
 def sequence_devices(graph_def: graph_pb2.GraphDef, fetches: Iterable[str]
                      ) -> graph_pb2.GraphDef:
     """A copy of `graph_def` in which each device's ops that a step fetching `fetches`
