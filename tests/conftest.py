@@ -3,7 +3,10 @@
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")     # see tofu_tf/__init__.py
+# TensorFlow's own CPU kernels unless TF_ENABLE_ONEDNN_OPTS says otherwise: one kernel
+# library for the suite's float32 tolerances. tests/robustness/test_onednn.py and
+# tests/binaries/test_readme.py run steps with oneDNN on, in processes of their own.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 
 def pytest_configure(config):
