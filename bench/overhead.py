@@ -144,7 +144,7 @@ def _row(config, model, medium, devices, steps, step, optimized, whole, profile,
         "compute_once_below": FLAGS.compute_once_below,
         "flop_bytes": FLAGS.flop_bytes, "transfer_bytes": FLAGS.transfer_bytes,
         "pipeline_stages": FLAGS.pipeline_stages, "micro_batches": FLAGS.micro_batches,
-        "steps": steps,
+        "steps": steps, "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "1",
         "single_seconds": single, "partitioned_seconds": parted,
         "ratio": parted / single, "copies_ratio": floor,
         "nodes_single": len(step.graph_def.node),
@@ -181,7 +181,8 @@ def setting(row: dict) -> str:
             + (f", replicated < {below}" if below else "")
             + (f", once < {once}" if once else "") + price
             + (f", {stages} stages" if stages > 1 else "")
-            + (f", {micro} micro-batches" if micro > 1 else ""))
+            + (f", {micro} micro-batches" if micro > 1 else "")
+            + (", oneDNN" if row.get("onednn") else ""))
 
 
 def table(stored: dict) -> str:
@@ -226,7 +227,8 @@ def table(stored: dict) -> str:
         "(0, the default: transfers only break ties); bytes only: both 0; S stages: "
         "`Options.pipeline_stages` = S (each op on one of S device groups); M micro-batches: "
         "the step (and the unpartitioned one it is timed against) accumulates gradients over "
-        "M slices of its batch. N copies: N whole copies of the unpartitioned step, one per device, in one "
+        "M slices of its batch; oneDNN: TensorFlow's oneDNN CPU kernels on "
+        "(`TF_ENABLE_ONEDNN_OPTS=1`; other rows: its own kernels). N copies: N whole copies of the unpartitioned step, one per device, in one "
         "session, over one copy (tiny configs): the floor of any plan that runs every op on "
         "every device. Machines (column cpu): "
         + "; ".join(f"{i + 1}: {m}" for i, m in enumerate(machines)) + ".",
@@ -265,7 +267,7 @@ def main(argv) -> int:
                       if "flop_bytes" in row else "")
                    + (f":ps{row['pipeline_stages']}" if row["pipeline_stages"] > 1 else "")
                    + (f":mb{row['micro_batches']}" if row["micro_batches"] > 1 else "")
-                   + f":{row['code']}")
+                   + (":onednn" if row["onednn"] else "") + f":{row['code']}")
             stored["rows"][key] = row
         write_results("overhead", stored, table)
     print(table(stored))
