@@ -216,8 +216,35 @@ def _out_names(layout: Layout) -> tuple[str, ...]:
 # -- forward ---------------------------------------------------------------------------
 
 
+def _own_window(sem, local, windowed: Sequence[int], output_dims: Sequence[int]):
+    """The local op with no halo pads, keeping the op's own padding and strides, when the
+    windowed inputs' spatial dims, the filter's taps and the output's `output_dims` arrive
+    whole (a split of batch or channels only); else None. The VALID form a spatial part needs computes more
+    than the part where the window overhangs it: a transposed convolution over a padded
+    dy, k - 1 more outputs each side (9x the work of a 2x2 image at k = 3), and every
+    form a padded copy of its input."""
+    layout = layout_from(sem.attrs, len(sem.input_shapes[windowed[0]]))
+    for i in windowed:
+        if local.input_slices[i] is None or any(
+                local.input_slices[i][d] != (0, sem.input_shapes[i][d]) for d in layout.spatial):
+            return None
+    if any(local.output_slices[0][d] != (0, sem.output_shapes[0][d]) for d in output_dims):
+        return None
+    if 1 not in windowed and local.input_slices[1] is not None and any(   # the filter's taps
+            local.input_slices[1][d] != (0, sem.input_shapes[1][d])
+            for d in range(len(sem.input_shapes[1]) - 2)):
+        return None
+    pads = tuple(None if p is None else tuple((0, 0) for _ in p) for p in local.input_pads)
+    return replace(local, input_pads=pads)
+
+
+def _spatial_dims(sem, i: int = 0) -> tuple[int, ...]:
+    return layout_from(sem.attrs, len(sem.input_shapes[i])).spatial
+
+
 def _valid_local(ctx, local):
-    return replace(local, attrs=valid_attrs(local.attrs))
+    own = _own_window(ctx.sem, local, (0,), _spatial_dims(ctx.sem))
+    return own or replace(local, attrs=valid_attrs(local.attrs))
 
 
 @semantics("Conv2D", "Conv3D", localize=_valid_local)
@@ -250,7 +277,9 @@ def _depthwise_local(ctx, local):
     crop = [(0, b - a) for a, b in local.output_slices[0]]
     lo, hi = local.output_slices[0][layout.channel]
     crop[layout.channel] = (lo - first_c * multiplier, hi - first_c * multiplier)
-    return replace(local, attrs=valid_attrs(local.attrs), output_crops=(tuple(crop),))
+    own = _own_window(sem, local, (0,), layout.spatial)
+    return replace(own or replace(local, attrs=valid_attrs(local.attrs)),
+                   output_crops=(tuple(crop),))
 
 
 @semantics("DepthwiseConv2dNative", localize=_depthwise_local)
@@ -309,7 +338,11 @@ def _backprop_input_local(ctx, local):
     axes = window_axes(sem.attrs, layout, dx_shape, dy_shape, filter_shape[:-2])
     out = local.output_slices[0]
     sizes, crop = [0] * layout.rank, [(0, 0)] * layout.rank
+    own = _own_window(sem, local, (2,), layout.spatial)
     for axis, dim, (tap0, tap1) in zip(axes, layout.spatial, local.input_slices[1]):
+        if own is not None:
+            sizes[dim], crop[dim] = dx_shape[dim], (0, dx_shape[dim])
+            continue
         first, stop = ctx.requested[2][dim]
         sizes[dim], crop[dim] = transposed_window(axis, out[dim][0], out[dim][1] - 1, first,
                                                   stop - 1, tap0, tap1 - tap0)
@@ -317,8 +350,8 @@ def _backprop_input_local(ctx, local):
     sizes[0], crop[0] = batch[1] - batch[0], (0, batch[1] - batch[0])
     sizes[layout.channel] = channels[1] - channels[0]
     crop[layout.channel] = (held[0] - channels[0], held[1] - channels[0])
-    return replace(local, attrs=valid_attrs(local.attrs), const_inputs={0: int_const(sizes)},
-                   output_crops=(tuple(crop),))
+    return replace(own or replace(local, attrs=valid_attrs(local.attrs)),
+                   const_inputs={0: int_const(sizes)}, output_crops=(tuple(crop),))
 
 
 def _input_gradient(ctx, channel_of: Callable, names: tuple[str, str]) -> Layout:
@@ -367,7 +400,10 @@ def _backprop_filter_local(ctx, local):
     if _dilated_depthwise_gradient(ctx.sem.op_type, ctx.sem.attrs):
         return _whole_window(ctx, local, 1, ctx.output_shape(0))
     sizes = int_const(ctx.output_shape(0))
-    return replace(local, attrs=valid_attrs(local.attrs), const_inputs={1: sizes})
+    taps = range(len(ctx.sem.output_shapes[0]) - 2)
+    own = _own_window(ctx.sem, local, (0, 2), taps)
+    return replace(own or replace(local, attrs=valid_attrs(local.attrs)),
+                   const_inputs={1: sizes})
 
 
 def _filter_gradient(ctx, channel_of: Callable, names: tuple[str, str]) -> Layout:
