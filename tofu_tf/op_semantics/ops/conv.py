@@ -219,10 +219,10 @@ def _out_names(layout: Layout) -> tuple[str, ...]:
 def _own_window(sem, local, windowed: Sequence[int], output_dims: Sequence[int]):
     """The local op with no halo pads, keeping the op's own padding and strides, when the
     windowed inputs' spatial dims, the filter's taps and the output's `output_dims` arrive
-    whole (a split of batch or channels only); else None. The VALID form a spatial part needs computes more
-    than the part where the window overhangs it: a transposed convolution over a padded
-    dy, k - 1 more outputs each side (9x the work of a 2x2 image at k = 3), and every
-    form a padded copy of its input."""
+    whole (a split of batch or channels only); else None. The VALID form a spatial part
+    needs computes more than the part where the window overhangs it (a transposed
+    convolution over a padded dy: k - 1 more outputs each side, 9x the work of a 2x2 image
+    at k = 3), and every form makes a padded copy of its input."""
     layout = layout_from(sem.attrs, len(sem.input_shapes[windowed[0]]))
     for i in windowed:
         if local.input_slices[i] is None or any(
@@ -238,12 +238,9 @@ def _own_window(sem, local, windowed: Sequence[int], output_dims: Sequence[int])
     return replace(local, input_pads=pads)
 
 
-def _spatial_dims(sem, i: int = 0) -> tuple[int, ...]:
-    return layout_from(sem.attrs, len(sem.input_shapes[i])).spatial
-
-
 def _valid_local(ctx, local):
-    own = _own_window(ctx.sem, local, (0,), _spatial_dims(ctx.sem))
+    sem = ctx.sem
+    own = _own_window(sem, local, (0,), layout_from(sem.attrs, len(sem.input_shapes[0])).spatial)
     return own or replace(local, attrs=valid_attrs(local.attrs))
 
 
