@@ -28,6 +28,16 @@ def test_train_matches_the_unpartitioned_step(tmp_path):
     assert len(plan["per_device_peak_bytes"]) == 4 and plan["single_device_peak_bytes"] > 0
 
 
+def test_train_in_float32_is_judged_against_its_own_rounding():
+    """Float32 steps drift from their own rounding: beyond the float64-level default
+    tolerances, the binary compares the drift with the unpartitioned training's from values
+    one unit in the last place off (tools.zoo), and says both."""
+    run = _run("tofu_tf.train", "--model=wresnet", "--dtype=float32", "--num_devices=8",
+               "--steps=3")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "MATCH" in run.stdout and "unit in the last place" in run.stdout, run.stdout
+
+
 def test_train_writes_a_profile_naming_every_devices_ops(tmp_path):
     from tofu_tf.runtime.profile import trace_devices
     report = tmp_path / "plan.html"
