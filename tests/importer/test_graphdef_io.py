@@ -483,3 +483,19 @@ def test_fused_batch_norm_scratch_output_imports():
     assert graph.tensor(bn.outputs[5]).shape == (0,)
     assert graph.tensor(bn.outputs[0]).shape == (2, 5, 5, 4)
     assert "FusedBatchNormGradV3" in graph.op_types()
+
+
+def test_colocation_with_a_pruned_node_is_dropped():
+    """tf.gradients colocates each gradient op with its forward op (`_class: loc:@op`); a
+    step that fetches the gradient but not the loss prunes the loss, and TensorFlow
+    rejects a node colocated with a node that is not there."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, (4, 3), name="x")
+        loss = tf.reduce_sum(tf.square(x), name="loss")
+        tf.identity(tf.gradients(loss, x)[0], name="dx")
+    graph_def = graph.as_graph_def()
+    assert any(b"loc:@loss" in n.attr["_class"].list.s for n in graph_def.node
+               if "_class" in n.attr)
+    imported = import_graph_def(graph_def, ["dx:0"], feeds=["x:0"])
+    assert "loss" not in {op.name for op in imported.graph}

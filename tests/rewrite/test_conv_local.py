@@ -65,7 +65,7 @@ def test_a_channel_or_batch_part_computes_its_part_alone(op_type, size, stride):
         assert len(kernels) == 2
         work = sum(np.prod([d.size for d in n.attr["_output_shapes"].list.shape[0].dim])
                    for n in kernels)
-        padded = any(nodes[i.split(":")[0]].op in ("Pad", "PadV2")
+        padded = any(nodes[i.lstrip("^").split(":")[0]].op in ("Pad", "PadV2")
                      for n in kernels for i in n.input)
         spatial = choice in ("o:oh", "o:h", "r:oh")
         whole = np.prod(want[1].shape)
@@ -75,3 +75,33 @@ def test_a_channel_or_batch_part_computes_its_part_alone(op_type, size, stride):
             got = runner.run(values)
         np.testing.assert_allclose(got[1], want[1], rtol=1e-12, atol=1e-12)
         assert forced.ledger.step_bytes == forced.plan.predicted_bytes
+
+
+@pytest.mark.parametrize("choice", ["o:n", "o:c"])
+def test_a_max_pool_and_its_gradient_split_on_batch_or_channels_keep_their_padding(choice):
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float64, (4, 9, 9, 8), name="x")
+        y = tf.nn.max_pool2d(x, 3, 2, "SAME", name="pool")
+        dx = tf.gradients(tf.reduce_sum(y * y), x)[0]
+        tf.identity(dx, name="dx")
+    fetches, feeds = ["dx:0", "pool:0"], ["x:0"]
+    searched = optimize(graph.as_graph_def(), fetches, feeds=feeds, num_devices=2)
+    stored = json.loads(searched.plan.to_json())
+    pools = [n.name for n in graph.as_graph_def().node if n.op in ("MaxPool", "MaxPoolGrad")]
+    for name in pools:
+        stored["levels"][0]["choices"][name] = choice
+    forced = optimize(graph.as_graph_def(), fetches, feeds=feeds, num_devices=2,
+                      plan=Plan.from_json(json.dumps(stored)))
+    nodes = {n.name: n for n in forced.graph_def.node}
+    for n in forced.graph_def.node:
+        if n.op in ("MaxPool", "MaxPoolGrad"):
+            assert n.attr["padding"].s == b"SAME", n.name
+            assert not any(nodes[i.lstrip("^").split(":")[0]].op in ("Pad", "PadV2") for i in n.input)
+    values = {"x:0": np.random.default_rng(0).normal(size=(4, 9, 9, 8))}
+    with tf.compat.v1.Session(graph=graph) as session:
+        want = session.run(fetches, values)
+    with Runner(forced, {}) as runner:
+        got = runner.run(values)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)

@@ -236,6 +236,15 @@ def prune(graph_def: graph_pb2.GraphDef, roots: Iterable[str]) -> graph_pb2.Grap
     out.versions.CopyFrom(graph_def.versions)
     out.library.CopyFrom(graph_def.library)
     out.node.extend(node for node in graph_def.node if node.name in keep)
+    for node in out.node:            # colocation with a pruned node: TensorFlow rejects it
+        if "_class" in node.attr:    # (tf.gradients colocates a gradient with its op)
+            kept = [c for c in node.attr["_class"].list.s
+                    if not c.startswith(b"loc:@") or c[5:].decode() in keep]
+            if len(kept) < len(node.attr["_class"].list.s):
+                del node.attr["_class"].list.s[:]
+                node.attr["_class"].list.s.extend(kept)
+                if not kept:
+                    del node.attr["_class"]
     return out
 
 

@@ -216,10 +216,12 @@ def _out_names(layout: Layout) -> tuple[str, ...]:
 # -- forward ---------------------------------------------------------------------------
 
 
-def _own_window(sem, local, windowed: Sequence[int], output_dims: Sequence[int]):
+def own_window(sem, local, windowed: Sequence[int], output_dims: Sequence[int],
+               filter_input: int | None = 1):
     """The local op with no halo pads, keeping the op's own padding and strides, when the
     windowed inputs' spatial dims, the filter's taps and the output's `output_dims` arrive
-    whole (a split of batch or channels only); else None. The VALID form a spatial part
+    whole (a split of batch or channels only); else None. `filter_input`: the input
+    holding the filter (None: a pool's window, whose taps the caller checks). The VALID form a spatial part
     needs computes more than the part where the window overhangs it (a transposed
     convolution over a padded dy: k - 1 more outputs each side, 9x the work of a 2x2 image
     at k = 3), and every form makes a padded copy of its input."""
@@ -230,9 +232,9 @@ def _own_window(sem, local, windowed: Sequence[int], output_dims: Sequence[int])
             return None
     if any(local.output_slices[0][d] != (0, sem.output_shapes[0][d]) for d in output_dims):
         return None
-    if 1 not in windowed and local.input_slices[1] is not None and any(   # the filter's taps
-            local.input_slices[1][d] != (0, sem.input_shapes[1][d])
-            for d in range(len(sem.input_shapes[1]) - 2)):
+    taps = local.input_slices[filter_input] if filter_input is not None else None
+    if taps is not None and any(taps[d] != (0, sem.input_shapes[filter_input][d])
+                                for d in range(len(sem.input_shapes[filter_input]) - 2)):
         return None
     pads = tuple(None if p is None else tuple((0, 0) for _ in p) for p in local.input_pads)
     return replace(local, input_pads=pads)
@@ -240,7 +242,7 @@ def _own_window(sem, local, windowed: Sequence[int], output_dims: Sequence[int])
 
 def _valid_local(ctx, local):
     sem = ctx.sem
-    own = _own_window(sem, local, (0,), layout_from(sem.attrs, len(sem.input_shapes[0])).spatial)
+    own = own_window(sem, local, (0,), layout_from(sem.attrs, len(sem.input_shapes[0])).spatial)
     return own or replace(local, attrs=valid_attrs(local.attrs))
 
 
@@ -274,7 +276,7 @@ def _depthwise_local(ctx, local):
     crop = [(0, b - a) for a, b in local.output_slices[0]]
     lo, hi = local.output_slices[0][layout.channel]
     crop[layout.channel] = (lo - first_c * multiplier, hi - first_c * multiplier)
-    own = _own_window(sem, local, (0,), layout.spatial)
+    own = own_window(sem, local, (0,), layout.spatial)
     return replace(own or replace(local, attrs=valid_attrs(local.attrs)),
                    output_crops=(tuple(crop),))
 
@@ -335,7 +337,7 @@ def _backprop_input_local(ctx, local):
     axes = window_axes(sem.attrs, layout, dx_shape, dy_shape, filter_shape[:-2])
     out = local.output_slices[0]
     sizes, crop = [0] * layout.rank, [(0, 0)] * layout.rank
-    own = _own_window(sem, local, (2,), layout.spatial)
+    own = own_window(sem, local, (2,), layout.spatial)
     for axis, dim, (tap0, tap1) in zip(axes, layout.spatial, local.input_slices[1]):
         if own is not None:
             sizes[dim], crop[dim] = dx_shape[dim], (0, dx_shape[dim])
@@ -398,7 +400,7 @@ def _backprop_filter_local(ctx, local):
         return _whole_window(ctx, local, 1, ctx.output_shape(0))
     sizes = int_const(ctx.output_shape(0))
     taps = range(len(ctx.sem.output_shapes[0]) - 2)
-    own = _own_window(ctx.sem, local, (0, 2), taps)
+    own = own_window(ctx.sem, local, (0, 2), taps, filter_input=None)
     return replace(own or replace(local, attrs=valid_attrs(local.attrs)),
                    const_inputs={1: sizes})
 

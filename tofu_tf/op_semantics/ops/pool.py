@@ -23,7 +23,7 @@ from tofu_tf.op_semantics.hooks import zero_padded
 from tofu_tf.op_semantics.localize import replace
 from tofu_tf.op_semantics.registry import semantics
 from tofu_tf.op_semantics.ops.conv import (Layout, axes_or_fail, compute_layout, gated,
-                                           int_const, layout_from, layout_of,
+                                           int_const, layout_from, layout_of, own_window,
                                            transposed_window, valid_attrs, window_axes)
 from tofu_tf.op_semantics.tdl import Eq, Fn, Maximum, Minimum, Opaque, ReduceN
 
@@ -126,7 +126,11 @@ def _max_pool_local(ctx, local):
     sem = ctx.sem
     layout = layout_from(sem.attrs, len(sem.input_shapes[0]))
     ksize = _local_ksize(ctx, layout)
-    attrs = valid_attrs(local.attrs)
+    whole_taps = ctx.strategy is None or ctx.strategy.kind != "reduce"
+    own = own_window(sem, local, (0,), layout.spatial, filter_input=None) if whole_taps else None
+    if own is not None:             # split on batch or channels: the op's own padding
+        local = own
+    attrs = local.attrs if own is not None else valid_attrs(local.attrs)
     if sem.op_type == "MaxPoolV2":
         return replace(local, attrs=attrs, const_inputs={1: int_const(ksize)})
     return replace(local, attrs={**attrs, "ksize": ksize})
@@ -155,6 +159,9 @@ def _max_pool_grad_local(ctx, local):
     """
     sem = ctx.sem
     layout, axes = _hook_axes(sem, sem.input_shapes[0], sem.input_shapes[2])
+    own = own_window(sem, local, (0, 1, 2), layout.spatial, filter_input=None)
+    if own is not None:             # split on batch or channels: the op's own padding
+        return own
     slices, pads = list(local.input_slices[0]), list(local.input_pads[0])
     out = local.output_slices[0]
     crop = [(0, b - a) for a, b in out]
