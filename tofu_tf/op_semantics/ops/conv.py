@@ -221,10 +221,10 @@ def own_window(sem, local, windowed: Sequence[int], output_dims: Sequence[int],
     """The local op with no halo pads, keeping the op's own padding and strides, when the
     windowed inputs' spatial dims, the filter's taps and the output's `output_dims` arrive
     whole (a split of batch or channels only); else None. `filter_input`: the input
-    holding the filter (None: a pool's window, whose taps the caller checks). The VALID form a spatial part
-    needs computes more than the part where the window overhangs it (a transposed
-    convolution over a padded dy: k - 1 more outputs each side, 9x the work of a 2x2 image
-    at k = 3), and every form makes a padded copy of its input."""
+    holding the filter (None: a pool, whose caller checks its window's taps). The VALID
+    form a spatial part needs computes more than the part where the window overhangs it
+    (a transposed convolution over a padded dy: k - 1 more outputs each side, 9x the
+    work of a 2x2 image at k = 3), and every form makes a padded copy of its input."""
     layout = layout_from(sem.attrs, len(sem.input_shapes[windowed[0]]))
     for i in windowed:
         if local.input_slices[i] is None or any(
