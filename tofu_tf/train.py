@@ -224,22 +224,18 @@ def _within_rounding(step, initial, batches, reference, final_reference, losses,
     import numpy as np
 
     from tofu_tf.runtime.session import SingleDevice
-    from tofu_tf.tools.zoo import SideBySide, _drift
+    from tofu_tf.tools.zoo import drift_between, one_ulp_off, verdict
     rng = np.random.default_rng(1)
-    perturbed = {name: value + rng.choice([-1, 0, 1], value.shape) * np.spacing(value)
-                 if np.issubdtype(value.dtype, np.floating) else value
-                 for name, value in initial.items()}
+    perturbed = {name: one_ulp_off(value, rng) for name, value in initial.items()}
     with SingleDevice(step.graph_def, step.init_op, step.fetches) as single:
         single.load(perturbed)
         ruled = [float(single.run(batch)[0]) for batch in batches]
         ruled_final = single.values()
     names = sorted(final_reference)
     want = [(name, final_reference[name]) for name in names]
-    drift = _drift(reference, losses, want, [(name, final[name]) for name in names])
-    ruler = _drift(reference, ruled, want, [(name, ruled_final[name]) for name in names])
-    verdict = SideBySide(FLAGS.model, len(losses), FLAGS.dtype, len(losses),
-                         partitioned=drift, yardstick=ruler).outcome
-    if verdict not in ("equal", "rounding"):
+    drift = drift_between(reference, losses, want, [(n, final[n]) for n in names])
+    ruler = drift_between(reference, ruled, want, [(n, ruled_final[n]) for n in names])
+    if verdict(drift, ruler) not in ("equal", "rounding"):
         return None
     return (f"loss {drift.loss_error:.1e}, variables {drift.variable_error:.1e} "
             f"({drift.worst_variable}) from the unpartitioned training; its own from values "

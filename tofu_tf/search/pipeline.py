@@ -40,6 +40,7 @@ in the order the step wrote them).
 from __future__ import annotations
 
 import bisect
+import weakref
 from typing import Mapping
 
 from tofu_tf.errors import PlanInfeasibleError
@@ -75,9 +76,9 @@ def split_topology(topology: Topology, stages: int) -> tuple[Level, Topology]:
 
 def assign_stages(graph: Graph, stages: int) -> dict[str, int]:
     """op name -> stage (module docstring); constants are left out. Remembered per graph."""
-    found = _ASSIGNED.get((id(graph), stages))
-    if found is not None and found[0] is graph:
-        return dict(found[1])
+    found = _ASSIGNED.get(graph, {}).get(stages)
+    if found is not None:
+        return dict(found)
     handles = {v.handle: v.name for v in graph.variables.values()}
     unit = _variable_units(graph, handles)
     order = _forward_order(graph, handles, unit)
@@ -111,13 +112,12 @@ def assign_stages(graph: Graph, stages: int) -> dict[str, int]:
                                            for name in graph.variables})
 
     stage = _balanced(starts, len(units), op_stages, lambda s: stage_peaks(graph, s))
-    _ASSIGNED[(id(graph), stages)] = (graph, stage)
-    if len(_ASSIGNED) > 16:
-        _ASSIGNED.pop(next(iter(_ASSIGNED)))
+    _ASSIGNED.setdefault(graph, {})[stages] = stage
     return dict(stage)
 
 
-_ASSIGNED: dict = {}        # (id(graph), stages) -> (graph, op -> stage)
+_ASSIGNED: "weakref.WeakKeyDictionary[Graph, dict[int, dict[str, int]]]" = \
+    weakref.WeakKeyDictionary()                  # graph -> stage count -> op -> stage
 BALANCE_EVALUATIONS = 12    # per-stage peak estimates `_balanced` may make
 
 

@@ -140,10 +140,11 @@ def _dtypes(inst: OpInstance) -> tuple[list[str], list[str]]:
 
 def _result_shapes(inst: OpInstance):
     """The caller's shape inference of partition.device_op: the kernel run on zeros."""
+    from tofu_tf.rewrite.partition import nonempty
+
     def shapes(op_name, local, in_shapes):
         del op_name
-        if any(share is not None and not all(b > a for a, b in share)
-               for share in local.output_slices):
+        if any(share is not None and not nonempty(share) for share in local.output_slices):
             return None          # an empty part runs no kernel, here as in the emitter
             #                      (oneDNN's pooling dies on a window past its input: SIGFPE)
         try:                     # an empty part's input may have a negative extent

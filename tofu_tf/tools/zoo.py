@@ -72,18 +72,31 @@ class SideBySide:
     def outcome(self) -> str:
         if self.partitioned is None:
             return f"error: {self.error}"
-        if self.partitioned.within_tolerance:
-            return "equal"
-        if self.yardstick is not None and (
-                self.partitioned.loss_error <= YARDSTICK_FACTOR * max(
-                    self.yardstick.loss_error, LOSS_TOLERANCE) and
-                self.partitioned.variable_error <= YARDSTICK_FACTOR * max(
-                    self.yardstick.variable_error, VARIABLE_TOLERANCE)):
-            return "rounding"
-        return "DIFFERS"
+        return verdict(self.partitioned, self.yardstick)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "outcome": self.outcome}
+
+
+def verdict(partitioned: Drift, yardstick: Drift | None) -> str:
+    """"equal", "rounding" or "DIFFERS" (the module docstring)."""
+    if partitioned.within_tolerance:
+        return "equal"
+    if yardstick is not None and (
+            partitioned.loss_error <= YARDSTICK_FACTOR * max(
+                yardstick.loss_error, LOSS_TOLERANCE) and
+            partitioned.variable_error <= YARDSTICK_FACTOR * max(
+                yardstick.variable_error, VARIABLE_TOLERANCE)):
+        return "rounding"
+    return "DIFFERS"
+
+
+def one_ulp_off(value: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A float array with each element moved by -1, 0 or 1 unit in the last place (the
+    yardstick's start); other arrays as they are."""
+    if not np.issubdtype(value.dtype, np.floating):
+        return value
+    return value + rng.choice([-1, 0, 1], value.shape) * np.spacing(value)
 
 
 def train_side_by_side(model: str, *, num_devices: int = 8, dtype: str = "float32",
@@ -125,7 +138,7 @@ def _train_side_by_side(model, num_devices, dtype, steps, batch_size, image_size
     except TofuError as err:
         return SideBySide(**common, error=f"{type(err).__name__}: {err}"[:500],
                           seconds=time.perf_counter() - start)
-    drift = _drift(want, got, _variables(reference), _variables(mine))
+    drift = drift_between(want, got, _variables(reference), _variables(mine))
     nodes = len(partitioned.optimized.graph_def.node)
     ruler = None
     if yardstick if yardstick is not None else dtype == "float32":
@@ -148,15 +161,12 @@ def _yardstick(build, batches, want, final) -> Drift:
     perturbed = build()
     rng = np.random.default_rng(1)
     for v in perturbed.model.trainable_variables:
-        value = v.numpy()
-        if np.issubdtype(value.dtype, np.floating):
-            ulps = rng.choice([-1, 0, 1], value.shape)
-            v.assign(value + ulps * np.spacing(value))
+        v.assign(one_ulp_off(v.numpy(), rng))
     got = [float(perturbed.step(*b)) for b in batches]
-    return _drift(want, got, final, _variables(perturbed))
+    return drift_between(want, got, final, _variables(perturbed))
 
 
-def _drift(want, got, want_vars, got_vars) -> Drift:
+def drift_between(want, got, want_vars, got_vars) -> Drift:
     loss = max((abs(g - w) / max(abs(w), 1e-30) for w, g in zip(want, got)), default=0.0)
     worst, name = 0.0, ""
     if [v.shape for _, v in want_vars] != [v.shape for _, v in got_vars]:

@@ -128,9 +128,8 @@ def _max_pool_local(ctx, local):
     ksize = _local_ksize(ctx, layout)
     whole_taps = ctx.strategy is None or ctx.strategy.kind != "reduce"
     own = own_window(sem, local, (0,), layout.spatial, filter_input=None) if whole_taps else None
-    if own is not None:             # split on batch or channels: the op's own padding
-        local = own
-    attrs = local.attrs if own is not None else valid_attrs(local.attrs)
+    local = own or local            # split on batch or channels: the op's own padding
+    attrs = local.attrs if own else valid_attrs(local.attrs)
     if sem.op_type == "MaxPoolV2":
         return replace(local, attrs=attrs, const_inputs={1: int_const(ksize)})
     return replace(local, attrs={**attrs, "ksize": ksize})
