@@ -72,6 +72,23 @@ def slice_is_view(shape: Sequence[int], begin: Sequence[int], size: Sequence[int
     return shape[0] > 0 and row % ALIGN_BYTES == 0
 
 
+def split_is_view(shape: Sequence[int], sizes: Sequence[int], axis: int,
+                  itemsize: int) -> bool:
+    """Whether TensorFlow's Split/SplitV kernel returns views: along dim 0, every piece a
+    slice that `slice_is_view` (one piece: the input itself)."""
+    if len(sizes) == 1:
+        return True
+    if axis % max(len(shape), 1) != 0:
+        return False
+    start = 0
+    for size in sizes:
+        if not slice_is_view(shape, [start] + [0] * (len(shape) - 1),
+                             [size, *shape[1:]], itemsize):
+            return False
+        start += size
+    return True
+
+
 def conv_grad_scratch(filter_shape: Sequence[int], out_backprop_spatial: Sequence[int],
                       itemsize: int) -> int:
     """Bytes of the im2col buffer a CPU Conv2DBackpropInput / Conv2DBackpropFilter
@@ -99,7 +116,7 @@ class Node:
     outputs: tuple[tuple[str, int, str], ...]     # (tensor, bytes, dtype)
     persistent_bytes: int = 0       # resident for the whole step (a variable's buffer)
     persistent: bool = False        # outputs are resident (constants, feeds, handles)
-    view_of: int | None = None      # output 0 is a view of this input
+    view_of: int | None = None      # the outputs are views of this input
     forwards: tuple[int, ...] = ()  # output 0 may reuse one of these inputs' buffers
     scratch_bytes: int = 0          # kernel workspace, live only while the node runs
 
@@ -200,7 +217,7 @@ def peaks(nodes: Sequence[Node], fetched: Iterable[str] = (), shared_memory: boo
                 join(_Buffer(here, size, dtype, keep=True), t, here)
                 continue
             reuse = None
-            if index == 0 and node.view_of is not None:
+            if node.view_of is not None:
                 reuse = views[node.view_of]
             elif index == 0:
                 for i in node.forwards:

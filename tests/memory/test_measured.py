@@ -3,6 +3,7 @@ plan's estimate (made before any graph exists) against the emitted graph's."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -74,3 +75,23 @@ def test_single_device_estimate_within_15_percent(step_and_values):
     planned = single_device_peak(graph).peak_bytes
     assert abs(planned - estimated.peak_bytes) <= 0.02 * estimated.peak_bytes, (
         planned, estimated)
+
+
+def test_measure_counts_an_adopted_variable_buffer_once():
+    """An AssignVariableOp that is its value's last reader adopts the value's buffer and
+    frees the variable's old one (allocated before the step, so no record says so): the
+    measured peak must not count both. Here the variable (4 KiB) is assigned 2 * v, then
+    a 4 KiB function of the feed is made: 4 KiB of step buffers at a time, not 8."""
+    graph = tf.Graph()
+    with graph.as_default(), tf.device(CPU0):
+        v = tf.Variable(tf.ones([1024]), name="v")
+        x = tf.compat.v1.placeholder(tf.float32, [1024], name="x")
+        assign = v.assign(v * 2.0, read_value=False)
+        with tf.control_dependencies([assign]):
+            y = tf.identity(x * 3.0 + 1.0, name="y")
+    with tf.compat.v1.Session(graph=graph) as session:
+        session.run(v.initializer)
+        feeds = {x: np.ones(1024, np.float32)}
+        session.run(y, feeds)
+        measured = measure(session, [y], feeds, {CPU0: 0})
+    assert measured[tf.DeviceSpec.from_string(CPU0).to_string()] == 4096, measured

@@ -40,6 +40,7 @@ from tofu_tf.op_semantics.catalog import OpEntry
 from tofu_tf.options import Collectives
 from tofu_tf.rewrite import collectives
 from tofu_tf.rewrite.ledger import Ledger
+from tofu_tf.rewrite.tidy import tidy
 from tofu_tf.rewrite.nodedefs import GraphBuilder, Ref, dtype_enum
 from tofu_tf.rewrite.partition import (ON_VALUES, Box, DeviceOp, Partition, contains,
                                       fetched_from, narrow_update, nonempty, own_shard,
@@ -168,9 +169,11 @@ class _Emitter:
         fetches = [self._emit_fetch(f) for f in self.graph.fetches]
         for t in expose:
             self._emit_fetch(t, "tofu_expose/" + t.replace(":", "_"))
+        op_nodes = frozenset(n for names in self.pieces.values() for n in names)
+        tidy(self.out, op_nodes | {f.partition(":")[0] for f in fetches}
+             | set(self.collective_ops))
         if sequential:
             self.out.chain_devices(fetches)
-        op_nodes = frozenset(n for names in self.pieces.values() for n in names)
         return Emitted(self.out.graph_def, self.parts, self.ledger, self.shards, self.devices,
                        tuple(fetches), self.feeds, op_nodes,
                        {t: tuple(s) for t, s in self.feed_shards.items()})

@@ -24,7 +24,8 @@ from tensorflow.core.protobuf import config_pb2
 
 from tofu_tf._tf_graph import LazyGraph
 from tofu_tf.liveness import (ALIASING, FORWARDING, DeviceMemory, Node,
-                              conv_grad_scratch, peaks, slice_is_view)
+                              conv_grad_scratch, peaks, slice_is_view,
+                              split_is_view)
 from tofu_tf.importer import _inline, _normalise
 from tofu_tf.errors import TofuError
 from tofu_tf.rewrite.schedule import execution_order
@@ -57,6 +58,14 @@ def _view_of(op: tf.Operation) -> int | None:
                 op.inputs[0].shape.as_list(), list(begin), list(size),
                 op.inputs[0].dtype.size):
             return 0
+    if op.type in ("Split", "SplitV"):
+        data, axis = (1, 0) if op.type == "Split" else (0, 2)
+        axis = tf.get_static_value(op.inputs[axis])
+        shape = op.inputs[data].shape
+        if axis is not None and shape.is_fully_defined() and split_is_view(
+                shape.as_list(), [t.shape[int(axis)] for t in op.outputs], int(axis),
+                op.inputs[data].dtype.size):
+            return data
     return None
 
 
@@ -132,6 +141,7 @@ def measure(session: tf.compat.v1.Session, fetches, feeds: Mapping,
     for stats in metadata.step_stats.dev_stats:
         records = sorted((r.alloc_micros, r.alloc_bytes) for node in stats.node_stats
                          for memory in node.memory for r in memory.allocation_records)
+        records = sorted(records + _adoptions(session.graph, stats))
         running = best = 0
         for _, size in records:
             running += size
@@ -142,6 +152,36 @@ def measure(session: tf.compat.v1.Session, fetches, feeds: Mapping,
         name = tf.DeviceSpec.from_string(device).to_string()
         result[name] = result.get(name, 0) + size
     return result
+
+
+def _adoptions(graph: tf.Graph, stats) -> list[tuple[int, int]]:
+    """(time, -bytes) of the variable buffers an AssignVariableOp replaced by adopting its
+    value's buffer (TensorFlow does when it is the value's last reader): the adopted buffer
+    stays allocated in the trace, the old one is freed without a record (it was allocated
+    before the step), so without these the running sum would count both."""
+    held: dict[str, int] = {}                # node -> bytes it allocated and never freed
+    for node in stats.node_stats:
+        for memory in node.memory:
+            for r in memory.allocation_records:
+                held[node.node_name] = held.get(node.node_name, 0) + r.alloc_bytes
+    frees = []
+    for node in stats.node_stats:
+        try:
+            op = graph.get_operation_by_name(node.node_name)
+        except (KeyError, ValueError):
+            continue
+        if op.type != "AssignVariableOp":
+            continue
+        size = _bytes(op.inputs[1])
+        source = op.inputs[1].op
+        while held.get(source.name, 0) <= 0 and (source.type in FORWARDING
+                                                 or source.type in ALIASING) and source.inputs:
+            source = max((t.op for t in source.inputs), key=lambda o: held.get(o.name, 0))
+        if size and held.get(source.name, 0) >= size:
+            held[source.name] -= size
+            end = node.all_start_micros + node.all_end_rel_micros
+            frees.append((end, -size))
+    return frees
 
 
 def persistent_bytes(graph_def: graph_pb2.GraphDef, default_device: str = ""

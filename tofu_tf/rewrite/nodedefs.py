@@ -15,11 +15,11 @@ from __future__ import annotations
 import functools
 import itertools
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.core.framework import attr_value_pb2, graph_pb2, types_pb2
+from tensorflow.core.framework import attr_value_pb2, graph_pb2, node_def_pb2, types_pb2
 from tensorflow.python.framework import op_def_registry
 
 from tofu_tf.rewrite.schedule import chain, merge_barriers
@@ -96,6 +96,7 @@ class GraphBuilder:
         self._records: tuple[list, list, list, list] = ([], [], [], [])  # names, ops,
         #                                                 devices, inputs (schedule.chain)
         self._consts: dict[tuple, Ref] = {}          # (device, dtype, shape, bytes) -> Const
+        self._const_values: dict[str, np.ndarray] = {}          # Const node -> its value
 
     def name(self, base: str) -> str:
         return f"{base}/tofu_{next(self._counter)}"
@@ -105,15 +106,28 @@ class GraphBuilder:
              dtypes: Sequence[int], controls: Sequence[str] = ()) -> list[Ref]:
         """A node named `name` on device `device`; its outputs' shapes and dtypes as given.
         `controls`: node names to wait for (repeats and data producers left out)."""
-        node = self.graph_def.node.add()
+        return self._write(self.graph_def.node.add(), op, name, device, inputs, attrs, shapes,
+                           dtypes, controls)
+
+    def detached_node(self, op: str, name: str, device: int, inputs: Sequence[Ref | str],
+                      attrs: Mapping[str, attr_value_pb2.AttrValue], shapes: Sequence[Shape],
+                      dtypes: Sequence[int]) -> node_def_pb2.NodeDef:
+        """A NodeDef as `node` writes it, not in the graph (for `replace_nodes`)."""
+        node = node_def_pb2.NodeDef()
+        self._write(node, op, name, device, inputs, attrs, shapes, dtypes, (), record=False)
+        return node
+
+    def _write(self, node, op, name, device, inputs, attrs, shapes, dtypes, controls,
+               record: bool = True) -> list[Ref]:
         node.name, node.op, node.device = name, op, self.devices[device]
         names = [i.name if isinstance(i, Ref) else i for i in inputs]
         producers = {n.split(":")[0] for n in names}
         names += ["^" + c for c in dict.fromkeys(controls) if c not in producers]
         node.input.extend(names)
-        self._nodes.append(node)
-        for record, value in zip(self._records, (name, op, node.device, names)):
-            record.append(value)
+        if record:
+            self._nodes.append(node)
+            for column, value in zip(self._records, (name, op, node.device, names)):
+                column.append(value)
         for key, value in attrs.items():
             node.attr[key].CopyFrom(value)
         for key, value in _defaults(op):
@@ -123,6 +137,45 @@ class GraphBuilder:
         node.attr["_output_shapes"].CopyFrom(_shapes_attr(shapes))
         return [Ref(name if o == 0 else f"{name}:{o}", shape, dtype)
                 for o, (shape, dtype) in enumerate(zip(shapes, dtypes))]
+
+    def nodes(self) -> list:
+        """The NodeDefs, in graph order (edits to them are edits to the graph)."""
+        return list(self._nodes)
+
+    def replace_nodes(self, nodes: Sequence, edited: Collection[str]) -> None:
+        """The graph's nodes become `nodes` (in that order): this builder's, some with
+        their inputs `edited`, and new ones. Constants left out are made anew when asked
+        for again."""
+        graph_def = graph_pb2.GraphDef()
+        graph_def.versions.CopyFrom(self.graph_def.versions)
+        graph_def.library.CopyFrom(self.graph_def.library)
+        graph_def.node.extend(nodes)
+        old = {name: i for i, name in enumerate(self._records[0])}
+        records: tuple[list, list, list, list] = ([], [], [], [])
+        for node in nodes:
+            i = old.get(node.name)
+            if i is None or node.name in edited:
+                row = (node.name, node.op, node.device, list(node.input))
+            else:
+                row = tuple(column[i] for column in self._records)
+            for column, value in zip(records, row):
+                column.append(value)
+        self.graph_def, self._nodes, self._records = graph_def, list(graph_def.node), records
+        names = set(records[0])
+        self._consts = {key: ref for key, ref in self._consts.items() if ref.node in names}
+        self._const_values = {k: v for k, v in self._const_values.items() if k in names}
+
+    def const_value(self, name: str) -> np.ndarray | None:
+        """The value of a Const this builder made, by node name (None for other nodes)."""
+        return self._const_values.get(name)
+
+    @staticmethod
+    def output_shape(node, output: int) -> Shape | None:
+        """Output `output`'s shape as the node's `_output_shapes` gives it."""
+        shapes = node.attr["_output_shapes"].list.shape
+        if output >= len(shapes) or shapes[output].unknown_rank:
+            return None
+        return tuple(d.size for d in shapes[output].dim)
 
     def chain_devices(self, fetches: Sequence[str]) -> None:
         """Each device's nodes wait for the one before them (`schedule.sequence_devices`,
@@ -157,6 +210,7 @@ class GraphBuilder:
                      "dtype": type_attr(dtype)}
             self._consts[key] = self.node("Const", self.name(base), device, (), attrs,
                                           [array.shape], [dtype])[0]
+            self._const_values[self._consts[key].node] = array
         return self._consts[key]
 
     def int32(self, value, device: int) -> Ref:
