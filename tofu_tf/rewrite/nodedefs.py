@@ -172,6 +172,8 @@ class GraphBuilder:
     @staticmethod
     def output_shape(node, output: int) -> Shape | None:
         """Output `output`'s shape as the node's `_output_shapes` gives it."""
+        if "_output_shapes" not in node.attr:    # (reading it would insert an empty one)
+            return None
         shapes = node.attr["_output_shapes"].list.shape
         if output >= len(shapes) or shapes[output].unknown_rank:
             return None
