@@ -25,10 +25,7 @@ import numpy as np
 from tensorflow.core.framework import types_pb2
 
 from tofu_tf.rewrite.nodedefs import GraphBuilder, int_attr, type_attr
-
-
-def _source(name: str) -> str:
-    return name.lstrip("^").partition(":")[0]
+from tofu_tf.rewrite.schedule import _source
 
 
 def tidy(builder: GraphBuilder, fixed: Collection[str]) -> None:
@@ -42,7 +39,7 @@ def tidy(builder: GraphBuilder, fixed: Collection[str]) -> None:
     rewired: set[str] = set()              # nodes some reader no longer reads
     edited: set[str] = set()               # nodes whose inputs changed
     for node in nodes:
-        if node.op == "Slice" and _bounds(builder, node):
+        if node.op == "Slice":
             _compose(builder, node, by_name, plumbing, rewired, edited)
     added = _split(builder, nodes, by_name, plumbing, rewired, edited)
     # The constants made on the way go first: the execution order (schedule.order) breaks
@@ -53,9 +50,11 @@ def tidy(builder: GraphBuilder, fixed: Collection[str]) -> None:
 
 def _bounds(builder: GraphBuilder, node) -> tuple[np.ndarray, tuple[int, ...]] | None:
     """(begin, size) of a Slice whose begin is a known constant (size from its shape)."""
-    begin = builder.const_value(_source(node.input[1]))
+    if ":" in node.input[1]:
+        return None
+    begin = builder.const_value(node.input[1])
     size = builder.output_shape(node, 0)
-    if begin is None or ":" in node.input[1] or size is None:
+    if begin is None or size is None:
         return None
     return np.asarray(begin, np.int64), size
 
@@ -63,10 +62,11 @@ def _bounds(builder: GraphBuilder, node) -> tuple[np.ndarray, tuple[int, ...]] |
 def _compose(builder, node, by_name, plumbing, rewired, edited) -> None:
     """A Slice of a plumbing Slice on the same device reads the latter's input."""
     inner = by_name.get(_source(node.input[0]))
+    bounds = _bounds(builder, node)
     if (inner is None or inner.name not in plumbing or inner.device != node.device
-            or ":" in node.input[0]):
+            or ":" in node.input[0] or bounds is None):
         return
-    begin, size = _bounds(builder, node)
+    begin, size = bounds
     inner_begin, _ = _bounds(builder, inner)
     index = node.attr["Index"].type
     device = builder.devices.index(node.device)
@@ -95,17 +95,16 @@ def _split(builder, nodes, by_name, plumbing, rewired, edited) -> dict[str, list
             continue
         for axis, extents, members in _tilings(builder, slices, shape):
             d = builder.devices.index(device)
-            dtype = members[0].attr["T"].type
+            dtype = members[0][0].attr["T"].type
             sizes = [hi - lo for lo, hi in extents]
-            first = min(members, key=lambda node: position[node.name])
+            first = min((node for node, _ in members), key=lambda node: position[node.name])
             split = builder.detached_node(
                 "SplitV", builder.name(first.name.rpartition("/tofu_")[0] + "/split"), d,
                 (tensor, builder.int32(sizes, d), builder.int32(axis, d)),
                 {"T": type_attr(dtype), "Tlen": type_attr(types_pb2.DT_INT32),
                  "num_split": int_attr(len(sizes))},
                 [shape[:axis] + (s,) + shape[axis + 1:] for s in sizes], [dtype] * len(sizes))
-            for node in members:
-                k = extents.index(_box(builder, node)[axis])
+            for node, k in members:
                 renames[node.name] = split.name if k == 0 else f"{split.name}:{k}"
                 rewired.add(node.name)
             added.setdefault(first.name, []).append(split)
@@ -124,15 +123,16 @@ def _box(builder, node) -> list[tuple[int, int]]:
 
 
 def _tilings(builder, slices, shape):
-    """(axis, extents in order, the slices) for each axis along which the slices that
-    take every other axis whole have extents that tile it. Of two slices of one extent
-    only the first joins: as two nodes they cross to a device twice, and the bytes
-    crossing devices must stay what the ledger recorded."""
+    """(axis, extents in order, [(slice, its extent's index)]) for each axis along which
+    the slices that take every other axis whole have extents that tile it. Of two slices
+    of one extent only the first joins: as two nodes they cross to a device twice, and the
+    bytes crossing devices must stay what the ledger recorded."""
+    boxes = {node.name: _box(builder, node) for node in slices}
     taken: set[str] = set()
     for axis in range(len(shape)):
         members, extents = [], set()
         for node in slices:
-            box = _box(builder, node)
+            box = boxes[node.name]
             if (node.name not in taken and box[axis] != (0, shape[axis])
                     and box[axis] not in extents and all(
                         box[k] == (0, shape[k]) for k in range(len(shape)) if k != axis)):
@@ -142,7 +142,8 @@ def _tilings(builder, slices, shape):
         if len(extents) > 1 and extents[0][0] == 0 and extents[-1][1] == shape[axis] and all(
                 a[1] == b[0] for a, b in zip(extents, extents[1:])):
             taken.update(node.name for node in members)
-            yield axis, extents, members
+            yield axis, extents, [(node, extents.index(boxes[node.name][axis]))
+                                  for node in members]
 
 
 def _without_unread(nodes, rewired, fixed, added) -> list:
