@@ -150,6 +150,7 @@ def _row(config, model, medium, devices, steps, step, optimized, whole, profile,
         "nodes_single": len(step.graph_def.node),
         "nodes_partitioned": len(optimized.graph_def.node),
         "nodes_per_device": len(optimized.graph_def.node) / devices,
+        "transfers": cross_device_edges(optimized.graph_def),
         "profile": {"traced_seconds": profile.wall_seconds, **profile.totals()},
         "profile_single": {"traced_seconds": whole.wall_seconds, **whole.totals()},
         "bars": profile.bars(40),
@@ -157,9 +158,23 @@ def _row(config, model, medium, devices, steps, step, optimized, whole, profile,
         "predicted_bytes": optimized.plan.predicted_bytes,
         "ledger_step_bytes": optimized.ledger.step_bytes, "timing": "paired"}
     print(f"{config} @{devices}: {1e3 * single:.2f} ms -> {1e3 * parted:.2f} ms "
-          f"({parted / single:.2f}x), {len(optimized.graph_def.node)} nodes"
+          f"({parted / single:.2f}x), {len(optimized.graph_def.node)} nodes, "
+          f"{row['transfers']} transfers"
           + (f", {devices} copies {floor:.2f}x" if floor else ""), flush=True)
     return row
+
+
+def cross_device_edges(graph_def) -> int:
+    """Data edges of the graph whose producer is on another device, one per (tensor,
+    consumer device): the Send/Recv pairs TensorFlow adds (bench/results/transfers.md:
+    about ten nodes' CPU each on logical CPUs)."""
+    device = {node.name: node.device for node in graph_def.node}
+    edges = set()
+    for node in graph_def.node:
+        for text in node.input:
+            if not text.startswith("^") and device[text.split(":")[0]] != node.device:
+                edges.add((text if ":" in text else text + ":0", node.device))
+    return len(edges)
 
 
 def _ms(seconds: float) -> str:
@@ -195,7 +210,8 @@ def table(stored: dict) -> str:
                machines.index(r["cpu"]) + 1, r.get("timing", "blocks"),
                _ms(r["single_seconds"]), _ms(r["partitioned_seconds"]), f"{r['ratio']:.2f}",
                f"{r['copies_ratio']:.2f}" if r.get("copies_ratio") else "",
-               r["nodes_single"], f"{r['nodes_per_device']:.0f}", f"{r['plan_bytes']:.0f}",
+               r["nodes_single"], f"{r['nodes_per_device']:.0f}", r.get("transfers", ""),
+               f"{r['plan_bytes']:.0f}",
                r["predicted_bytes"], r["ledger_step_bytes"]] for r in rows]
     def executor(p: dict) -> str:
         if "executor" in p:
@@ -230,13 +246,14 @@ def table(stored: dict) -> str:
         "M slices of its batch; oneDNN: TensorFlow's oneDNN CPU kernels on "
         "(`TF_ENABLE_ONEDNN_OPTS=1`; other rows: its own kernels). N copies: N whole copies of the unpartitioned step, one per device, in one "
         "session, over one copy (tiny configs): the floor of any plan that runs every op on "
-        "every device. Machines (column cpu): "
+        "every device. Transfers: the emitted graph's cross-device edges, one Send/Recv "
+        "pair each (newer rows). Machines (column cpu): "
         + "; ".join(f"{i + 1}: {m}" for i, m in enumerate(machines)) + ".",
         "",
         markdown_table(["config", "devices", "options", "code", "cpu", "timing",
                         "unpartitioned ms",
                         "partitioned ms", "ratio", "N copies", "nodes", "nodes per device",
-                        "search model B", "predicted B", "ledger B"], timing),
+                        "transfers", "search model B", "predicted B", "ledger B"], timing),
         "",
         "## Where the time goes (one traced step, ms summed over devices)",
         "",
