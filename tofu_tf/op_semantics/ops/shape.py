@@ -17,6 +17,7 @@ from math import gcd, prod
 
 import numpy as np
 
+from tofu_tf.errors import PartitionError
 from tofu_tf.op_semantics.helpers import broadcast, normalize_axes, normalize_axis
 from tofu_tf.op_semantics.hooks import (named, const_ints, const_ints_of, set_item, sizes, crop_or_none, split_dim, shifted, zero_padded, crop_split_outputs, shape_const_hook)
 from tofu_tf.op_semantics.localize import replace
@@ -222,6 +223,121 @@ def tile(ctx):
             return v
         return Const(0) if x.shape[d] == 1 else v % x.shape[d]
     ctx.compute_nd(lambda idx: x[tuple(index(d, v) for d, v in enumerate(idx))])
+
+
+# -- space to batch and back (how TensorFlow runs a dilated convolution) --------------------
+
+BLOCK_BATCH_REASON = ("BatchToSpaceND interleaves every block offset's batch: a part of its "
+                      "output batch reads rows spread over the whole input batch")
+
+
+def _blocks(ctx):
+    """(block shape, the number of spatial dims it blocks)."""
+    block = const_ints_of(ctx, 1)
+    return block, len(block)
+
+
+def _block_offsets(q, block):
+    """Per spatial dim, the offset inside the block of block index q (row-major)."""
+    offsets, stride = [], 1
+    for b in reversed(block):
+        offsets.append((q // stride if stride > 1 else q) % b if b > 1 else Const(0))
+        stride *= b
+    return offsets[::-1]
+
+
+def _space_to_batch_local(ctx, local):
+    """Local paddings aligning the fetched rows to the part's output rows (zeros outside
+    the tensor, as the global paddings), and the crop of the batch: the local op writes
+    every block offset of the batch rows it fetched."""
+    block, m = const_ints(ctx.sem, 1), len(const_ints(ctx.sem, 1))
+    before = np.asarray(ctx.sem.constants[2]).reshape(-1, 2)[:, 0]
+    out, fetched = local.output_slices[0], local.input_slices[0]
+    pads = []
+    for k in range(m):
+        (i0, i1), (a, e), b = out[1 + k], fetched[1 + k], block[k]
+        lead = (a + int(before[k]) - i0 * b) if e > a else (i1 - i0) * b
+        pads.append((lead, (i1 - i0) * b - lead - (e - a)))
+    (n0, n1), (c0, c1) = out[0], fetched[0]
+    batch, rows = ctx.sem.input_shapes[0][0], c1 - c0
+    if n1 > n0 and (n0 // batch == (n1 - 1) // batch):
+        q = n0 // batch
+        first = q * rows + n0 % batch - c0
+    elif (c0, c1) == (0, batch):
+        first = n0
+    else:
+        raise PartitionError(f"output batch [{n0}, {n1}) spans block offsets but the part "
+                             f"fetched input batch [{c0}, {c1}) only.",
+                             node=ctx.sem.op_name, op_type=ctx.sem.op_type)
+    local_shape = [prod(block) * rows] + [i1 - i0 for i0, i1 in out[1:1 + m]] + \
+        sizes(fetched[1 + m:])
+    crop = [(first, first + n1 - n0)] + [(0, i1 - i0) for i0, i1 in out[1:1 + m]] + \
+        [(a - c, b - c) for (a, b), (c, _) in zip(out[1 + m:], fetched[1 + m:])]
+    return replace(local, const_inputs={**local.const_inputs,
+                                        2: np.asarray(pads, dtype=np.int64)},
+                   output_crops=(crop_or_none(crop, local_shape),))
+
+
+@semantics("SpaceToBatchND", localize=_space_to_batch_local)
+def space_to_batch_nd(ctx):
+    """y[q B + b, i, r] = x[b, i * block + offset(q) - before, r] (the padded rows read 0):
+    each spatial block's offsets become batches."""
+    x = ctx.inputs[0]
+    block, m = _blocks(ctx)
+    paddings = np.asarray(ctx.const(2)).reshape(-1, 2).tolist()
+    batch = x.shape[0]
+
+    def body(idx):
+        n = idx[0]
+        q, b = (n // batch, n % batch) if batch > 1 else (n, Const(0))
+        index, conds = [b], []
+        for k, offset in enumerate(_block_offsets(q, block)):
+            row = shifted(idx[1 + k], 0, block[k]) + offset if block[k] > 1 else idx[1 + k]
+            row = shifted(row, -paddings[k][0])
+            index.append(row)
+            conds += ([row >= 0] if paddings[k][0] else []) + \
+                ([row < x.shape[1 + k]] if paddings[k][1] else [])
+        value = x[tuple(index) + tuple(idx[1 + m:])]
+        for cond in conds:
+            value = where(cond, value, 0)
+        return value
+    ctx.compute_nd(body)
+
+
+def _batch_to_space_local(ctx, local):
+    """Local crops keeping the part's rows of the rows the fetched input blocks cover."""
+    block, m = const_ints(ctx.sem, 1), len(const_ints(ctx.sem, 1))
+    before = np.asarray(ctx.sem.constants[2]).reshape(-1, 2)[:, 0]
+    out, fetched = local.output_slices[0], local.input_slices[0]
+    crops = []
+    for k in range(m):
+        (h0, h1), (r0, r1), b = out[1 + k], fetched[1 + k], block[k]
+        lead = h0 + int(before[k]) - r0 * b if h1 > h0 else 0
+        crops.append((lead, (r1 - r0) * b - lead - (h1 - h0)))
+    return replace(local, const_inputs={**local.const_inputs,
+                                        2: np.asarray(crops, dtype=np.int64)})
+
+
+@semantics("BatchToSpaceND", localize=_batch_to_space_local)
+def batch_to_space_nd(ctx):
+    """y[b, h, r] = x[q(h + before) B + b, (h + before) // block, r], q the block index of
+    the offsets (h + before) % block: the inverse of SpaceToBatchND, its gradient."""
+    x = ctx.inputs[0]
+    block, m = _blocks(ctx)
+    crops = np.asarray(ctx.const(2)).reshape(-1, 2).tolist()
+    batch = x.shape[0] // prod(block)
+
+    def body(idx):
+        q, rows = None, []
+        for k in range(m):
+            h = shifted(idx[1 + k], crops[k][0])
+            offset = h % block[k] if block[k] > 1 else Const(0)
+            rows.append(h // block[k] if block[k] > 1 else h)
+            q = offset if q is None else q * block[k] + offset
+        n = q * batch + idx[0] if batch > 1 else q
+        return x[(n,) + tuple(rows) + tuple(idx[1 + m:])]
+    ctx.compute_nd(body)
+    ctx.unsplittable("d0", BLOCK_BATCH_REASON)
 
 
 # -- concatenation and splitting ------------------------------------------------------------

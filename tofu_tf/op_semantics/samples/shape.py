@@ -25,6 +25,16 @@ sample("BroadcastTo", "rank up", lambda x: tf.broadcast_to(x, (3, 4, 5)), arg((4
 sample("Tile", "one dim", lambda x: tf.tile(x, (3, 1)), arg((3, 4)))
 sample("Tile", "both dims", lambda x: tf.tile(x, (2, 3)), arg((5, 3)))
 sample("Tile", "size-1 dim", lambda x: tf.tile(x, (4, 2)), arg((1, 4)))
+sample("SpaceToBatchND", "2-D block, padded",
+       lambda x: tf.space_to_batch_nd(x, [2, 3], [[1, 1], [2, 1]]), arg((2, 6, 6, 3)))
+sample("SpaceToBatchND", "1-D block",
+       lambda x: tf.space_to_batch_nd(x, [2], [[0, 2]]), arg((3, 8, 4)))
+sample("SpaceToBatchND", "one batch, block 1 on a dim",
+       lambda x: tf.space_to_batch_nd(x, [1, 2], [[0, 0], [1, 1]]), arg((1, 5, 6, 2)))
+sample("BatchToSpaceND", "2-D block, cropped",
+       lambda x: tf.batch_to_space(x, [2, 3], [[1, 1], [2, 1]]), arg((12, 4, 3, 3)))
+sample("BatchToSpaceND", "1-D block",
+       lambda x: tf.batch_to_space(x, [2], [[0, 2]]), arg((6, 5, 4)))
 
 sample("ConcatV2", "axis 1 uneven", lambda a, b, c: tf.concat([a, b, c], 1),
        arg((4, 2)), arg((4, 1)), arg((4, 3)))

@@ -1,0 +1,98 @@
+"""Stock Keras layers with their real strides, paddings and dilations, each in a small
+functional model trained 2 Adam steps through `tofu_tf.function` against `tf.function`
+from identical weights, in float64; every op of these models is described (a kept-whole
+op fails the test), and the partitioned step splits them."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tofu_tf
+from tofu_tf.errors import KeptWholeWarning
+from tofu_tf.models.keras_models import keras_float
+from tofu_tf.models.user_models import user_train_step
+
+
+def _classifier(shape, layers, integer_inputs: int = 0):
+    """A builder for user_train_step: `layers()` on an input of `shape` (token ids below
+    `integer_inputs` when set), flattened into a 5-class Dense head."""
+    def build():
+        import keras
+        x = keras.Input(shape, dtype="int32" if integer_inputs else None)
+        y = x
+        for layer in layers():
+            y = layer(y)
+        if len(y.shape) > 2:
+            y = keras.layers.Flatten()(y)
+        model = keras.Model(x, keras.layers.Dense(5)(y))
+
+        def loss_of(inputs, labels):
+            return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=labels, logits=model(inputs)))
+
+        def batch(rng):
+            inputs = (rng.integers(0, integer_inputs, (8,) + shape).astype(np.int32)
+                      if integer_inputs else rng.normal(size=(8,) + shape))
+            return inputs, rng.integers(0, 5, 8).astype(np.int32)
+        return model, loss_of, batch
+    return build
+
+
+def _layers():
+    import keras
+    L = keras.layers
+    return {
+        # TensorFlow runs a dilated convolution as SpaceToBatchND, Conv, BatchToSpaceND.
+        "conv1d-dilated-causal": _classifier((20, 6), lambda: [
+            L.Conv1D(8, 3, dilation_rate=2, padding="causal", activation="relu"),
+            L.Conv1D(8, 3, strides=2, padding="same"), L.MaxPooling1D(2)]),
+        "conv2d-dilated-same": _classifier((12, 12, 3), lambda: [
+            L.Conv2D(6, 3, dilation_rate=2, padding="same"), L.Conv2D(6, (1, 5))]),
+        "conv2d-transpose-separable": _classifier((6, 6, 4), lambda: [
+            L.Conv2DTranspose(4, 3, strides=2, padding="same"),
+            L.SeparableConv2D(6, 3, strides=2, padding="same", activation="relu"),
+            L.DepthwiseConv2D(3, depth_multiplier=2)]),
+        "pools-crops-groupnorm": _classifier((8, 8, 3), lambda: [
+            L.UpSampling2D(2), L.Cropping2D(((1, 2), (0, 3))), L.ZeroPadding2D(((2, 0), (1, 1))),
+            L.Conv2D(8, 3), L.GroupNormalization(groups=4),
+            L.AveragePooling2D(3, strides=2, padding="same")]),
+        "embedding-gru-unrolled": _classifier((12,), lambda: [
+            L.Embedding(50, 16), L.GRU(12, return_sequences=True, unroll=True),
+            L.LSTM(8, unroll=True)], integer_inputs=50),
+    }
+
+
+LAYERS = ["conv1d-dilated-causal", "conv2d-dilated-same", "conv2d-transpose-separable",
+          "pools-crops-groupnorm", "embedding-gru-unrolled"]
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_stock_keras_layers_train_like_tf_function(name):
+    build = _layers()[name]
+    with keras_float("float64"):
+        reference, reference_step, batch = user_train_step(build)
+        mine, my_step, _ = user_train_step(build)
+    partitioned = tofu_tf.function(my_step, num_devices=4)
+    whole = tf.function(reference_step)
+    rng = np.random.default_rng(1)
+    for _ in range(2):
+        args = batch(rng)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", KeptWholeWarning)
+            got = partitioned(*args).numpy()
+        np.testing.assert_allclose(got, whole(*args).numpy(), rtol=1e-9, atol=1e-12)
+    partitioned.write_back()
+    for got, want in zip(mine.weights, reference.weights):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-9, atol=1e-12,
+                                   err_msg=got.path)
+    optimized = partitioned.optimized
+    assert optimized.ledger.step_bytes > 0
+    blocked = [op.name for op in optimized.graph.ops
+               if op.type in ("SpaceToBatchND", "BatchToSpaceND")]
+    assert bool(blocked) == ("dilated" in name)
+    for op in blocked:               # split at some level, not run whole on every device
+        assert any(level.choices[op] != "replicate" for level in optimized.plan.levels), op
