@@ -227,6 +227,9 @@ def tile(ctx):
 
 # -- space to batch and back (how TensorFlow runs a dilated convolution) --------------------
 
+_BLOCK_FIX = ("the description's regions and its local op disagree: run `python -m "
+              "tofu_tf.tools.validate --op=SpaceToBatchND,BatchToSpaceND` and report the "
+              "op's shapes")
 BLOCK_BATCH_REASON = ("BatchToSpaceND interleaves every block offset's batch: a part of its "
                       "output batch reads rows spread over the whole input batch")
 
@@ -250,7 +253,8 @@ def _space_to_batch_local(ctx, local):
     """Local paddings aligning the fetched rows to the part's output rows (zeros outside
     the tensor, as the global paddings), and the crop of the batch: the local op writes
     every block offset of the batch rows it fetched."""
-    block, m = const_ints(ctx.sem, 1), len(const_ints(ctx.sem, 1))
+    block = const_ints(ctx.sem, 1)
+    m = len(block)
     before = np.asarray(ctx.sem.constants[2]).reshape(-1, 2)[:, 0]
     out, fetched = local.output_slices[0], local.input_slices[0]
     pads = []
@@ -268,7 +272,8 @@ def _space_to_batch_local(ctx, local):
     else:
         raise PartitionError(f"output batch [{n0}, {n1}) spans block offsets but the part "
                              f"fetched input batch [{c0}, {c1}) only.",
-                             node=ctx.sem.op_name, op_type=ctx.sem.op_type)
+                             node=ctx.sem.op_name, op_type=ctx.sem.op_type,
+                             fix=_BLOCK_FIX)
     local_shape = [prod(block) * rows] + [i1 - i0 for i0, i1 in out[1:1 + m]] + \
         sizes(fetched[1 + m:])
     crop = [(first, first + n1 - n0)] + [(0, i1 - i0) for i0, i1 in out[1:1 + m]] + \
@@ -305,10 +310,16 @@ def space_to_batch_nd(ctx):
 
 
 def _batch_to_space_local(ctx, local):
-    """Local crops keeping the part's rows of the rows the fetched input blocks cover."""
-    block, m = const_ints(ctx.sem, 1), len(const_ints(ctx.sem, 1))
+    """Local crops keeping the part's rows of the rows the fetched input blocks cover (the
+    part reads every block offset's batch: its output batch is never split)."""
+    block = const_ints(ctx.sem, 1)
+    m = len(block)
     before = np.asarray(ctx.sem.constants[2]).reshape(-1, 2)[:, 0]
     out, fetched = local.output_slices[0], local.input_slices[0]
+    if fetched[0] != (0, ctx.sem.input_shapes[0][0]):
+        raise PartitionError(f"a part fetched input batch {fetched[0]} only; every block "
+                             "offset's batch is needed.", node=ctx.sem.op_name,
+                             op_type=ctx.sem.op_type, fix=_BLOCK_FIX)
     crops = []
     for k in range(m):
         (h0, h1), (r0, r1), b = out[1 + k], fetched[1 + k], block[k]
