@@ -60,6 +60,10 @@ def _layers():
             L.UpSampling2D(2), L.Cropping2D(((1, 2), (0, 3))), L.ZeroPadding2D(((2, 0), (1, 1))),
             L.Conv2D(8, 3), L.GroupNormalization(groups=4),
             L.AveragePooling2D(3, strides=2, padding="same")]),
+        # Resizing keeps each image's plane whole: batch and channels split.
+        "resize-bilinear-nearest": _classifier((6, 6, 3), lambda: [
+            L.UpSampling2D(2, interpolation="bilinear"), L.Conv2D(4, 3),
+            L.Resizing(7, 9, interpolation="nearest"), L.Conv2D(4, 3, strides=2)]),
         "embedding-gru-unrolled": _classifier((12,), lambda: [
             L.Embedding(50, 16), L.GRU(12, return_sequences=True, unroll=True),
             L.LSTM(8, unroll=True)], integer_inputs=50),
@@ -67,7 +71,7 @@ def _layers():
 
 
 LAYERS = ["conv1d-dilated-causal", "conv2d-dilated-same", "conv2d-transpose-separable",
-          "pools-crops-groupnorm", "embedding-gru-unrolled"]
+          "pools-crops-groupnorm", "resize-bilinear-nearest", "embedding-gru-unrolled"]
 
 
 @pytest.mark.parametrize("name", LAYERS)
@@ -91,8 +95,8 @@ def test_stock_keras_layers_train_like_tf_function(name):
                                    err_msg=got.path)
     optimized = partitioned.optimized
     assert optimized.ledger.step_bytes > 0
-    blocked = [op.name for op in optimized.graph.ops
-               if op.type in ("SpaceToBatchND", "BatchToSpaceND")]
-    assert bool(blocked) == ("dilated" in name)
-    for op in blocked:               # split at some level, not run whole on every device
+    special = [op.name for op in optimized.graph.ops
+               if op.type in ("SpaceToBatchND", "BatchToSpaceND") or op.type.startswith("Resize")]
+    assert bool(special) == ("dilated" in name or "resize" in name)
+    for op in special:               # split at some level, not run whole on every device
         assert any(level.choices[op] != "replicate" for level in optimized.plan.levels), op
