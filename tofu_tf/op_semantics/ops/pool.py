@@ -1,4 +1,5 @@
-"""Pooling: MaxPool, AvgPool and their gradients (MaxPool and its gradient also as V2).
+"""Pooling: MaxPool, AvgPool and their gradients, 2-D and 3-D (MaxPool and its gradient also
+as V2).
 
 Per spatial dim, output o pools input o*s + k - p over taps k (stride s, padding p):
 
@@ -135,7 +136,7 @@ def _max_pool_local(ctx, local):
     return replace(local, attrs={**attrs, "ksize": ksize})
 
 
-@semantics("MaxPool", "MaxPoolV2", localize=_max_pool_local)
+@semantics("MaxPool", "MaxPoolV2", "MaxPool3D", localize=_max_pool_local)
 def max_pool(ctx):
     """y[n, o.., c] = Max(k..: x.padded(-inf)[n, o*s + k - p, c])."""
     x = ctx.inputs[0]
@@ -179,7 +180,7 @@ def _max_pool_grad_local(ctx, local):
                    output_crops=(tuple(crop),))
 
 
-@semantics("MaxPoolGrad", "MaxPoolGradV2", localize=_max_pool_grad_local)
+@semantics("MaxPoolGrad", "MaxPoolGradV2", "MaxPool3DGrad", localize=_max_pool_grad_local)
 def max_pool_grad(ctx):
     """dx[n, i.., c] = Sum(k..: dy[n, o.., c] where o = (i + p - k) / s and tap k is the
     first maximum y[n, o.., c] of o's window) -- which reads o's whole window."""
@@ -228,7 +229,7 @@ def _avg_pool_local(ctx, local):
     return replace(local, output_crops=(tuple(crop),))
 
 
-@semantics("AvgPool", localize=_avg_pool_local)
+@semantics("AvgPool", "AvgPool3D", localize=_avg_pool_local)
 def avg_pool(ctx):
     """Unpadded: y = Mean(k..: x[n, o*s + k, c]). Padded (SAME): the in-range taps of o's
     aligned tile (see _aligned_tile), summed, over their count."""
@@ -321,7 +322,7 @@ def _same_grad_region(axis, lo: int, hi: int):
     return (r0, r1), rows, (rows[0] - r0 // s, -(-r1 // s) - rows[1])
 
 
-@semantics("AvgPoolGrad", localize=_avg_pool_grad_local)
+@semantics("AvgPoolGrad", "AvgPool3DGrad", localize=_avg_pool_grad_local)
 def avg_pool_grad(ctx):
     """Unpadded: dx[n, i.., c] = Mean(k..: dy.padded(0)[n, (i - k) / s, c], s divides).
     Padded (SAME): Sum over the windows o near i that hold i of dy[n, o.., c] / count(o)."""

@@ -114,3 +114,23 @@ if _kernel_runs(lambda x: R.AvgPool(value=x, **NCHW), (1, 1, 5, 5)):
     sample("AvgPoolGrad", "NCHW 3x3 s2 SAME",
            lambda n, g: R.AvgPoolGrad(orig_input_shape=n, grad=g, **NCHW),
            const((2, 3, 11, 9), "int32"), arg((2, 3, 6, 5)))
+
+# 3-D pooling (NDHWC): odd sizes, SAME and VALID, windows of different depth.
+POOL3D = (("2x3x3 s(1,2,2) SAME", (2, 5, 7, 6, 2), (2, 3, 3), (1, 2, 2), "SAME"),
+          ("2x2x2 s2 VALID", (2, 6, 5, 7, 2), (2, 2, 2), (2, 2, 2), "VALID"))
+for label, x, k, s, pad in POOL3D:
+    attrs = dict(ksize=[1, *k, 1], strides=[1, *s, 1], padding=pad, data_format="NDHWC")
+    y = R.MaxPool3D(input=tf.zeros(x), **attrs).shape
+    sample("MaxPool3D", label, lambda a, attrs=attrs: R.MaxPool3D(input=a, **attrs), arg(x))
+    sample("MaxPool3DGrad", label,
+           lambda a, g, attrs=attrs: R.MaxPool3DGrad(
+               orig_input=a, orig_output=R.MaxPool3D(input=a, **attrs), grad=g, **attrs),
+           arg(x), arg(tuple(y)))
+    sample("MaxPool3DGrad", label + " ties",
+           lambda a, g, attrs=attrs: R.MaxPool3DGrad(
+               orig_input=a, orig_output=R.MaxPool3D(input=a, **attrs), grad=g, **attrs),
+           arg(x, value=_tied(x)), arg(tuple(y)))
+    sample("AvgPool3D", label, lambda a, attrs=attrs: R.AvgPool3D(input=a, **attrs), arg(x))
+    sample("AvgPool3DGrad", label,
+           lambda n, g, attrs=attrs: R.AvgPool3DGrad(orig_input_shape=n, grad=g, **attrs),
+           const(x, "int32"), arg(tuple(y)))
