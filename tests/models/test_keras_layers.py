@@ -2,7 +2,7 @@
 functional model trained 2 Adam steps through `tofu_tf.function` against `tf.function`
 from identical weights, in float64 (float32 where TensorFlow has no float64 kernel); every
 op of these models is described (a kept-whole op fails the test), and the partitioned step
-splits the ops that stand in for them (dilations, resizing, 3-D pooling)."""
+splits the ops that stand in for them (dilations, resizing, 3-D pooling, cyclic shifts)."""
 
 from __future__ import annotations
 
@@ -63,13 +63,18 @@ def _layers():
             L.AveragePooling2D(3, strides=2, padding="same")]),
         # Resizing keeps each image's plane whole: batch and channels split.
         "resize-bilinear-nearest": _classifier((6, 6, 3), lambda: [
-            L.UpSampling2D(2, interpolation="bilinear"), L.Conv2D(4, 3),
+            L.Conv2D(4, 1), L.UpSampling2D(2, interpolation="bilinear"), L.Conv2D(4, 3),
             L.Resizing(7, 9, interpolation="nearest"), L.Conv2D(4, 3, strides=2)]),
         "embedding-gru-unrolled": _classifier((12,), lambda: [
             L.Embedding(50, 16), L.GRU(12, return_sequences=True, unroll=True),
             L.LSTM(8, unroll=True)], integer_inputs=50),
 
 
+        # Shifted windows (Swin): a cyclic shift of the feature map both ways.
+        "roll-shifted-windows": _classifier((8, 8, 3), lambda: [
+            L.Conv2D(6, 3, padding="same"),
+            L.Lambda(lambda t: tf.roll(t, shift=(-3, 2), axis=(1, 2))),
+            L.Conv2D(4, 2, strides=2)]),
         # TensorFlow's 3-D max pooling has no float64 kernel: this one runs in float32.
         "conv3d-pool3d": _classifier((6, 7, 6, 2), lambda: [
             L.Conv3D(4, 3, strides=(1, 2, 1), padding="same", activation="relu"),
@@ -79,8 +84,17 @@ def _layers():
 
 LAYERS = ["conv1d-dilated-causal", "conv2d-dilated-same", "conv2d-transpose-separable",
           "pools-crops-groupnorm", "resize-bilinear-nearest", "embedding-gru-unrolled",
-          "conv3d-pool3d"]
+          "roll-shifted-windows", "conv3d-pool3d"]
 FLOAT32 = {"conv3d-pool3d"}
+# The op types that stand in for a layer (TensorFlow's lowering), per model.
+BLOCKED = {"SpaceToBatchND", "BatchToSpaceND"}
+STANDS_IN_FOR = {
+    "conv1d-dilated-causal": BLOCKED, "conv2d-dilated-same": BLOCKED,
+    "resize-bilinear-nearest": {"ResizeBilinear", "ResizeBilinearGrad",
+                                "ResizeNearestNeighbor", "ResizeNearestNeighborGrad"},
+    "roll-shifted-windows": {"Roll"},
+    "conv3d-pool3d": {"MaxPool3D", "MaxPool3DGrad", "AvgPool3D", "AvgPool3DGrad"}}
+STANDS_IN = set().union(*STANDS_IN_FOR.values())
 
 
 @pytest.mark.parametrize("name", LAYERS)
@@ -105,9 +119,8 @@ def test_stock_keras_layers_train_like_tf_function(name):
                                    err_msg=got.path)
     optimized = partitioned.optimized
     assert optimized.ledger.step_bytes > 0
-    special = [op.name for op in optimized.graph.ops
-               if op.type in ("SpaceToBatchND", "BatchToSpaceND", "MaxPool3D", "AvgPool3D")
-               or op.type.startswith("Resize")]
-    assert bool(special) == any(word in name for word in ("dilated", "resize", "pool3d"))
+    special = [op for op in optimized.graph.ops if op.type in STANDS_IN]
+    assert {op.type for op in special} == STANDS_IN_FOR.get(name, set())
     for op in special:               # split at some level, not run whole on every device
-        assert any(level.choices[op] != "replicate" for level in optimized.plan.levels), op
+        assert any(level.choices[op.name] != "replicate" for level in optimized.plan.levels), \
+            op.name

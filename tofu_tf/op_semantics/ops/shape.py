@@ -150,6 +150,82 @@ def reverse(ctx):
                                        for d, v in enumerate(idx))])
 
 
+def _rolls(shifts, axes, shape) -> dict[int, int]:
+    """Axis -> its total shift in [0, n) (TensorFlow adds the shifts of a repeated axis)."""
+    out: dict[int, int] = {}
+    for shift, axis in zip(shifts, axes):
+        axis = normalize_axis(axis, len(shape))
+        out[axis] = (out.get(axis, 0) + shift) % shape[axis] if shape[axis] else 0
+    return out
+
+
+def _roll_local(ctx, local):
+    """Along the split axis, a part on one side of the wrap reads its rows shifted: the
+    local op rolls by 0 there and the part's rows are cropped from the fetched ones. A part
+    across the wrap fetched the whole axis: the local op rolls it as the global one does,
+    and the part's rows are cropped."""
+    shape = ctx.sem.input_shapes[0]
+    rolls = _rolls(const_ints(ctx.sem, 1), const_ints(ctx.sem, 2), shape)
+    dim = split_dim(ctx)
+    if dim is None or not rolls.get(dim):      # the shifts as given (a deeper level's
+        return _with_rolls(local, rolls)       # kernel runs with its own constants)
+    n, shift = shape[dim], rolls[dim]
+    (lo, hi), (a, e) = local.output_slices[0][dim], local.input_slices[0][dim]
+    if hi <= lo:
+        first = 0
+    elif lo >= shift or hi <= shift:           # one side: rows [lo, hi) - shift (mod n)
+        first = (lo - shift) % n - a
+        rolls = {**rolls, dim: 0}
+    elif (a, e) == (0, n):
+        first = lo
+    else:
+        raise PartitionError(f"rows [{lo}, {hi}) wrap but the part fetched [{a}, {e}) only.",
+                             node=ctx.sem.op_name, op_type=ctx.sem.op_type,
+                             fix="the description's regions and its local op disagree: run "
+                                 "`python -m tofu_tf.tools.validate --op=Roll`")
+    local_shape = sizes(local.input_slices[0])
+    crop = [(0, m) for m in local_shape]
+    for d, ((o0, o1), (f0, _)) in enumerate(zip(local.output_slices[0],
+                                                local.input_slices[0])):
+        crop[d] = (first, first + hi - lo) if d == dim else (o0 - f0, o1 - f0)
+    return replace(_with_rolls(local, rolls), output_crops=(crop_or_none(crop, local_shape),))
+
+
+def _with_rolls(local, rolls: dict[int, int]):
+    axes = sorted(rolls)
+    return replace(local, const_inputs={**local.const_inputs,
+                                        1: np.asarray([rolls[d] for d in axes], np.int64),
+                                        2: np.asarray(axes, np.int64)})
+
+
+@semantics("Roll", localize=_roll_local)
+def roll(ctx):
+    """y[i] = x[i - s] on a rolled axis (s its shift in [0, n)), wrapping to x[i - s + n]
+    for i < s: a part reads its rows shifted, the whole axis where it wraps."""
+    x = ctx.inputs[0]
+    rolls = _rolls(const_ints_of(ctx, 1), const_ints_of(ctx, 2), x.shape)
+
+    def body(idx):
+        wrapped, straight = list(idx), list(idx)
+        conds = []
+        for axis, shift in rolls.items():
+            if shift:
+                straight[axis] = shifted(idx[axis], -shift)
+                wrapped[axis] = shifted(idx[axis], x.shape[axis] - shift)
+                conds.append((axis, idx[axis] >= shift))
+        if not conds:
+            return x[tuple(idx)]
+        # every combination of wrapped and straight axes: 2^(rolled axes) accesses
+        def pick(k: int, index: list):
+            if k == len(conds):
+                return x[tuple(index)]
+            axis, cond = conds[k]
+            return where(cond, pick(k + 1, set_item(index, axis, straight[axis])),
+                         pick(k + 1, set_item(index, axis, wrapped[axis])))
+        return pick(0, list(idx))
+    ctx.compute_nd(body)
+
+
 @semantics("ExpandDims")
 def expand_dims(ctx):
     x = ctx.inputs[0]

@@ -17,6 +17,11 @@ sample("Transpose", "perm 2,0,1", lambda x: tf.transpose(x, (2, 0, 1)), arg((4, 
 sample("ConjugateTranspose", "complex",
        lambda x: tf.raw_ops.ConjugateTranspose(x=x, perm=[1, 0]), arg((4, 5), "complex64"))
 sample("ReverseV2", "axes 0,2", lambda x: tf.reverse(x, [0, -1]), arg((5, 3, 4)))
+sample("Roll", "one axis", lambda x: tf.roll(x, 3, 1), arg((4, 7, 3)))
+sample("Roll", "two axes, negative", lambda x: tf.roll(x, [-2, 5], [1, 2]), arg((2, 6, 7, 3)))
+sample("Roll", "repeated axis, past the size", lambda x: tf.roll(x, [4, 9], [0, 0]),
+       arg((5, 4)))
+sample("Roll", "zero shift", lambda x: tf.roll(x, 0, 1), arg((3, 5)))
 sample("ExpandDims", "axis 1", lambda x: tf.expand_dims(x, 1), arg((4, 5)))
 sample("ExpandDims", "axis -1", lambda x: tf.expand_dims(x, -1), arg((4, 5)))
 sample("Squeeze", "dim 1", lambda x: tf.squeeze(x, [1]), arg((4, 1, 5, 1)))
