@@ -40,7 +40,7 @@ from tofu_tf.errors import PartitionError, RewriteError
 from tofu_tf.graph import Graph
 from tofu_tf.op_semantics.analysis import OutputState, Strategy, part_range
 from tofu_tf.op_semantics.catalog import OpEntry
-from tofu_tf.op_semantics.localize import LocalOp, localize
+from tofu_tf.op_semantics.localize import LocalOp, localize, replace
 from tofu_tf.op_semantics.memo import SemanticsMemo
 from tofu_tf.op_semantics.registry import NAMING_ATTRS, Semantics, freeze
 from tofu_tf.search.cost import Box, box_volume   # Box: [start, stop) per dim, global coords
@@ -564,6 +564,11 @@ def device_op(sem: Semantics, strategies, labels, ways, coords, device: int,
             if local is None:
                 raise
             break                    # a deeper part the hook cannot cut: run the superset
+        if local is not None and local.const_inputs:
+            # This level's op was described with the constants the levels above set (a
+            # Roll's shifts, a Tile's multiples); its kernel runs with them too, unless
+            # its own hook sets them again.
+            found = replace(found, const_inputs={**local.const_inputs, **found.const_inputs})
         local, local_sem = found, sem
         depth = level + 1
         for i in range(n_in):

@@ -167,8 +167,8 @@ def _roll_local(ctx, local):
     shape = ctx.sem.input_shapes[0]
     rolls = _rolls(const_ints(ctx.sem, 1), const_ints(ctx.sem, 2), shape)
     dim = split_dim(ctx)
-    if dim is None or not rolls.get(dim):      # the shifts as given (a deeper level's
-        return _with_rolls(local, rolls)       # kernel runs with its own constants)
+    if dim is None or not rolls.get(dim):
+        return local
     n, shift = shape[dim], rolls[dim]
     (lo, hi), (a, e) = local.output_slices[0][dim], local.input_slices[0][dim]
     if hi <= lo:
