@@ -5,8 +5,9 @@
 
 A step is a random DAG of described ops on float64 placeholders and variables (element-wise
 unary and binary ops, broadcasting, MatMul with transposes, BatchMatMulV2, Conv2D with random
-strides and padding, pooling, reductions, Reshape, Transpose, Softmax, ConcatV2,
-Slice, Pad, BiasAdd), a scalar loss over every leaf, TensorFlow's gradients for every
+strides and padding, dilated convolutions (SpaceToBatchND and back), pooling, bilinear
+and nearest resizing, reductions, Reshape, Transpose, Softmax, ConcatV2, Slice, Pad, Roll,
+Tile, BiasAdd), a scalar loss over every leaf, TensorFlow's gradients for every
 variable and an SGD update: the partitioned graph must give the same loss and the same
 updated variables over `STEPS` steps. Shapes are static and chosen so every op is valid;
 every choice goes through the `Chooser`, so a hypothesis strategy can shrink a failing case.
@@ -169,7 +170,8 @@ class _Builder:
             "batch_matmul": self._batch_matmul, "conv": self._conv, "pool": self._pool,
             "reduce": self._reduce, "reshape": self._reshape, "transpose": self._transpose,
             "softmax": self._softmax, "concat": self._concat, "slice": self._slice,
-            "pad": self._pad, "bias": self._bias,
+            "pad": self._pad, "bias": self._bias, "dilated": self._dilated,
+            "resize": self._resize, "roll": self._roll, "tile": self._tile,
         }
         kind = self.chooser.choice(sorted(kinds))
         out = kinds[kind]()
@@ -231,6 +233,45 @@ class _Builder:
         f = self._variable((kh, kw, x.shape[3], c.integer(1, 4)))
         # no dilations: TensorFlow's CPU filter gradient has no kernel for them
         return tf.nn.conv2d(x, f, strides=stride, padding=padding)
+
+    def _dilated(self):
+        """tf.nn.convolution with dilation 2: SpaceToBatchND, Conv2D, BatchToSpaceND."""
+        import tensorflow as tf
+        x = self._pick(rank=4)
+        if x is None:
+            return None
+        c = self.chooser
+        k = c.integer(2, 3)
+        padding = c.choice(["SAME", "VALID"])
+        if padding == "VALID" and min(x.shape[1], x.shape[2]) < 2 * k - 1:
+            padding = "SAME"
+        f = self._variable((k, k, x.shape[3], c.integer(1, 3)))
+        return tf.nn.convolution(x, f, padding=padding, dilations=2)
+
+    def _resize(self):
+        import tensorflow as tf
+        x = self._pick(rank=4)
+        if x is None:
+            return None
+        c = self.chooser
+        size = (c.integer(2, 12), c.integer(2, 12))
+        # bilinear resizing computes in float32 whatever its input: cast back
+        return tf.cast(tf.image.resize(x, size, method=c.choice(["bilinear", "nearest"])),
+                       x.dtype)
+
+    def _roll(self):
+        import tensorflow as tf
+        x = self._pick()
+        axes = sorted({self.chooser.integer(1, len(x.shape) - 1)
+                       for _ in range(self.chooser.integer(1, len(x.shape) - 1))})
+        shifts = [self.chooser.integer(-x.shape[a], x.shape[a]) for a in axes]
+        return tf.roll(x, shifts, axes)
+
+    def _tile(self):
+        import tensorflow as tf
+        x = self._pick()
+        multiples = [1] + [self.chooser.integer(1, 3) if d <= 4 else 1 for d in x.shape[1:]]
+        return tf.tile(x, multiples)
 
     def _pool(self):
         import tensorflow as tf

@@ -167,8 +167,8 @@ def _roll_local(ctx, local):
     shape = ctx.sem.input_shapes[0]
     rolls = _rolls(const_ints(ctx.sem, 1), const_ints(ctx.sem, 2), shape)
     dim = split_dim(ctx)
-    if dim is None or not rolls.get(dim):
-        return local
+    if dim is None or not rolls.get(dim):      # the shifts in [0, n): a split axis's 7 of 7
+        return _with_rolls(local, rolls)       # would roll the part's 2 rows by 1
     n, shift = shape[dim], rolls[dim]
     (lo, hi), (a, e) = local.output_slices[0][dim], local.input_slices[0][dim]
     if hi <= lo:
@@ -386,16 +386,18 @@ def space_to_batch_nd(ctx):
 
 
 def _batch_to_space_local(ctx, local):
-    """Local crops keeping the part's rows of the rows the fetched input blocks cover (the
-    part reads every block offset's batch: its output batch is never split)."""
+    """Local crops keeping the part's rows of the rows the fetched input blocks cover. A
+    part whose rows lie at some block offsets only fetched those offsets' batches: the
+    others are zeros, which land in rows the crops drop (its output batch is never split,
+    so the kernel sees every offset's batch)."""
     block = const_ints(ctx.sem, 1)
     m = len(block)
     before = np.asarray(ctx.sem.constants[2]).reshape(-1, 2)[:, 0]
     out, fetched = local.output_slices[0], local.input_slices[0]
-    if fetched[0] != (0, ctx.sem.input_shapes[0][0]):
-        raise PartitionError(f"a part fetched input batch {fetched[0]} only; every block "
-                             "offset's batch is needed.", node=ctx.sem.op_name,
-                             op_type=ctx.sem.op_type, fix=_BLOCK_FIX)
+    (c0, c1), rows = fetched[0], ctx.sem.input_shapes[0][0]
+    if (c0, c1) != (0, rows):
+        pads = local.input_pads[0] or tuple((0, 0) for _ in fetched)
+        local = replace(local, **zero_padded(local, 0, set_item(pads, 0, (c0, rows - c1))))
     crops = []
     for k in range(m):
         (h0, h1), (r0, r1), b = out[1 + k], fetched[1 + k], block[k]

@@ -22,6 +22,8 @@ sample("Roll", "two axes, negative", lambda x: tf.roll(x, [-2, 5], [1, 2]), arg(
 sample("Roll", "repeated axis, past the size", lambda x: tf.roll(x, [4, 9], [0, 0]),
        arg((5, 4)))
 sample("Roll", "zero shift", lambda x: tf.roll(x, 0, 1), arg((3, 5)))
+sample("Roll", "a shift of the whole axis", lambda x: tf.roll(x, [7, 4, -3], [1, 2, 3]),
+       arg((2, 7, 5, 4)))
 sample("ExpandDims", "axis 1", lambda x: tf.expand_dims(x, 1), arg((4, 5)))
 sample("ExpandDims", "axis -1", lambda x: tf.expand_dims(x, -1), arg((4, 5)))
 sample("Squeeze", "dim 1", lambda x: tf.squeeze(x, [1]), arg((4, 1, 5, 1)))
@@ -40,6 +42,8 @@ sample("BatchToSpaceND", "2-D block, cropped",
        lambda x: tf.batch_to_space(x, [2, 3], [[1, 1], [2, 1]]), arg((12, 4, 3, 3)))
 sample("BatchToSpaceND", "1-D block",
        lambda x: tf.batch_to_space(x, [2], [[0, 2]]), arg((6, 5, 4)))
+sample("BatchToSpaceND", "a row a part: one block offset's batch",
+       lambda x: tf.batch_to_space(x, [2, 2], [[0, 1], [1, 0]]), arg((8, 2, 2, 3)))
 
 sample("ConcatV2", "axis 1 uneven", lambda a, b, c: tf.concat([a, b, c], 1),
        arg((4, 2)), arg((4, 1)), arg((4, 3)))
