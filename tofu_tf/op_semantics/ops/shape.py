@@ -159,36 +159,16 @@ def _rolls(shifts, axes, shape) -> dict[int, int]:
     return out
 
 
+ROLLED_AXIS_REASON = ("a part of a rolled axis reads rows that wrap for some parts and not "
+                      "for others: the parts' local ops differ in shape, and the search "
+                      "plans every part as its first")
+
+
 def _roll_local(ctx, local):
-    """Along the split axis, a part on one side of the wrap reads its rows shifted: the
-    local op rolls by 0 there and the part's rows are cropped from the fetched ones. A part
-    across the wrap fetched the whole axis: the local op rolls it as the global one does,
-    and the part's rows are cropped."""
+    """The shifts in [0, n), so that a split axis whose shift is a multiple of its size
+    (7 of 7) does not roll the part's 2 rows by 1."""
     shape = ctx.sem.input_shapes[0]
-    rolls = _rolls(const_ints(ctx.sem, 1), const_ints(ctx.sem, 2), shape)
-    dim = split_dim(ctx)
-    if dim is None or not rolls.get(dim):      # the shifts in [0, n): a split axis's 7 of 7
-        return _with_rolls(local, rolls)       # would roll the part's 2 rows by 1
-    n, shift = shape[dim], rolls[dim]
-    (lo, hi), (a, e) = local.output_slices[0][dim], local.input_slices[0][dim]
-    if hi <= lo:
-        first = 0
-    elif lo >= shift or hi <= shift:           # one side: rows [lo, hi) - shift (mod n)
-        first = (lo - shift) % n - a
-        rolls = {**rolls, dim: 0}
-    elif (a, e) == (0, n):
-        first = lo
-    else:
-        raise PartitionError(f"rows [{lo}, {hi}) wrap but the part fetched [{a}, {e}) only.",
-                             node=ctx.sem.op_name, op_type=ctx.sem.op_type,
-                             fix="the description's regions and its local op disagree: run "
-                                 "`python -m tofu_tf.tools.validate --op=Roll`")
-    local_shape = sizes(local.input_slices[0])
-    crop = [(0, m) for m in local_shape]
-    for d, ((o0, o1), (f0, _)) in enumerate(zip(local.output_slices[0],
-                                                local.input_slices[0])):
-        crop[d] = (first, first + hi - lo) if d == dim else (o0 - f0, o1 - f0)
-    return replace(_with_rolls(local, rolls), output_crops=(crop_or_none(crop, local_shape),))
+    return _with_rolls(local, _rolls(const_ints(ctx.sem, 1), const_ints(ctx.sem, 2), shape))
 
 
 def _with_rolls(local, rolls: dict[int, int]):
@@ -201,7 +181,7 @@ def _with_rolls(local, rolls: dict[int, int]):
 @semantics("Roll", localize=_roll_local)
 def roll(ctx):
     """y[i] = x[i - s] on a rolled axis (s its shift in [0, n)), wrapping to x[i - s + n]
-    for i < s: a part reads its rows shifted, the whole axis where it wraps."""
+    for i < s. The other axes split; a rolled one stays whole (ROLLED_AXIS_REASON)."""
     x = ctx.inputs[0]
     rolls = _rolls(const_ints_of(ctx, 1), const_ints_of(ctx, 2), x.shape)
 
@@ -224,6 +204,9 @@ def roll(ctx):
                          pick(k + 1, set_item(index, axis, wrapped[axis])))
         return pick(0, list(idx))
     ctx.compute_nd(body)
+    for axis, shift in rolls.items():
+        if shift:
+            ctx.unsplittable(f"d{axis}", ROLLED_AXIS_REASON)
 
 
 @semantics("ExpandDims")
