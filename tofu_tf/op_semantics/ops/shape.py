@@ -167,11 +167,7 @@ ROLLED_AXIS_REASON = ("a part of a rolled axis reads rows that wrap for some par
 def _roll_local(ctx, local):
     """The shifts in [0, n), so that a split axis whose shift is a multiple of its size
     (7 of 7) does not roll the part's 2 rows by 1."""
-    shape = ctx.sem.input_shapes[0]
-    return _with_rolls(local, _rolls(const_ints(ctx.sem, 1), const_ints(ctx.sem, 2), shape))
-
-
-def _with_rolls(local, rolls: dict[int, int]):
+    rolls = _rolls(const_ints(ctx.sem, 1), const_ints(ctx.sem, 2), ctx.sem.input_shapes[0])
     axes = sorted(rolls)
     return replace(local, const_inputs={**local.const_inputs,
                                         1: np.asarray([rolls[d] for d in axes], np.int64),
@@ -180,33 +176,15 @@ def _with_rolls(local, rolls: dict[int, int]):
 
 @semantics("Roll", localize=_roll_local)
 def roll(ctx):
-    """y[i] = x[i - s] on a rolled axis (s its shift in [0, n)), wrapping to x[i - s + n]
-    for i < s. The other axes split; a rolled one stays whole (ROLLED_AXIS_REASON)."""
+    """y[i] = x[(i - s) mod n] on a rolled axis (s its shift in [0, n)), which stays whole
+    (ROLLED_AXIS_REASON); the other axes split."""
     x = ctx.inputs[0]
-    rolls = _rolls(const_ints_of(ctx, 1), const_ints_of(ctx, 2), x.shape)
-
-    def body(idx):
-        wrapped, straight = list(idx), list(idx)
-        conds = []
-        for axis, shift in rolls.items():
-            if shift:
-                straight[axis] = shifted(idx[axis], -shift)
-                wrapped[axis] = shifted(idx[axis], x.shape[axis] - shift)
-                conds.append((axis, idx[axis] >= shift))
-        if not conds:
-            return x[tuple(idx)]
-        # every combination of wrapped and straight axes: 2^(rolled axes) accesses
-        def pick(k: int, index: list):
-            if k == len(conds):
-                return x[tuple(index)]
-            axis, cond = conds[k]
-            return where(cond, pick(k + 1, set_item(index, axis, straight[axis])),
-                         pick(k + 1, set_item(index, axis, wrapped[axis])))
-        return pick(0, list(idx))
-    ctx.compute_nd(body)
-    for axis, shift in rolls.items():
-        if shift:
-            ctx.unsplittable(f"d{axis}", ROLLED_AXIS_REASON)
+    rolls = {axis: shift for axis, shift in
+             _rolls(const_ints_of(ctx, 1), const_ints_of(ctx, 2), x.shape).items() if shift}
+    ctx.compute_nd(lambda idx: x[tuple(shifted(v, x.shape[d] - rolls[d]) % x.shape[d]
+                                       if d in rolls else v for d, v in enumerate(idx))])
+    for axis in rolls:
+        ctx.unsplittable(f"d{axis}", ROLLED_AXIS_REASON)
 
 
 @semantics("ExpandDims")
