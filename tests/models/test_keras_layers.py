@@ -2,7 +2,8 @@
 functional model trained 2 Adam steps through `tofu_tf.function` against `tf.function`
 from identical weights, in float64 (float32 where TensorFlow has no float64 kernel); every
 op of these models is described (a kept-whole op fails the test), and the partitioned step
-splits the ops that stand in for them (dilations, resizing, 3-D pooling, cyclic shifts)."""
+splits the ops that stand in for them (dilations, resizing, 3-D pooling, cyclic shifts,
+pixel shuffles, band masks)."""
 
 from __future__ import annotations
 
@@ -75,6 +76,12 @@ def _layers():
             L.Conv2D(6, 3, padding="same"),
             L.Lambda(lambda t: tf.roll(t, shift=(-3, 2), axis=(1, 2))),
             L.Conv2D(4, 2, strides=2)]),
+        # Pixel shuffle (DepthToSpace, SpaceToDepth) and a band mask: each image alone.
+        "pixel-shuffle-band": _classifier((8, 8, 3), lambda: [
+            L.Conv2D(8, 3, padding="same"), L.Lambda(lambda t: tf.nn.depth_to_space(t, 2)),
+            L.Conv2D(4, 3, strides=2, padding="same"),
+            L.Lambda(lambda t: tf.nn.space_to_depth(t, 2)),
+            L.Lambda(lambda t: tf.linalg.band_part(t, 1, 0))]),
         # TensorFlow's 3-D max pooling has no float64 kernel: this one runs in float32.
         "conv3d-pool3d": _classifier((6, 7, 6, 2), lambda: [
             L.Conv3D(4, 3, strides=(1, 2, 1), padding="same", activation="relu"),
@@ -84,7 +91,7 @@ def _layers():
 
 LAYERS = ["conv1d-dilated-causal", "conv2d-dilated-same", "conv2d-transpose-separable",
           "pools-crops-groupnorm", "resize-bilinear-nearest", "embedding-gru-unrolled",
-          "roll-shifted-windows", "conv3d-pool3d"]
+          "roll-shifted-windows", "pixel-shuffle-band", "conv3d-pool3d"]
 FLOAT32 = {"conv3d-pool3d"}
 # The op types that stand in for a layer (TensorFlow's lowering), per model.
 BLOCKED = {"SpaceToBatchND", "BatchToSpaceND"}
@@ -93,6 +100,7 @@ STANDS_IN_FOR = {
     "resize-bilinear-nearest": {"ResizeBilinear", "ResizeBilinearGrad",
                                 "ResizeNearestNeighbor", "ResizeNearestNeighborGrad"},
     "roll-shifted-windows": {"Roll"},
+    "pixel-shuffle-band": {"DepthToSpace", "SpaceToDepth", "MatrixBandPart"},
     "conv3d-pool3d": {"MaxPool3D", "MaxPool3DGrad", "AvgPool3D", "AvgPool3DGrad"}}
 STANDS_IN = set().union(*STANDS_IN_FOR.values())
 

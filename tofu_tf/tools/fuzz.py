@@ -7,7 +7,7 @@ A step is a random DAG of described ops on float64 placeholders and variables (e
 unary and binary ops, broadcasting, MatMul with transposes, BatchMatMulV2, Conv2D with random
 strides and padding, dilated convolutions (SpaceToBatchND and back), pooling, bilinear
 and nearest resizing, reductions, Reshape, Transpose, Softmax, ConcatV2, Slice, Pad, Roll,
-Tile, BiasAdd), a scalar loss over every leaf, TensorFlow's gradients for every
+Tile, DepthToSpace, SpaceToDepth, MatrixBandPart, BiasAdd), a scalar loss over every leaf, TensorFlow's gradients for every
 variable and an SGD update: the partitioned graph must give the same loss and the same
 updated variables over `STEPS` steps. Shapes are static and chosen so every op is valid;
 every choice goes through the `Chooser`, so a hypothesis strategy can shrink a failing case.
@@ -172,6 +172,7 @@ class _Builder:
             "softmax": self._softmax, "concat": self._concat, "slice": self._slice,
             "pad": self._pad, "bias": self._bias, "dilated": self._dilated,
             "resize": self._resize, "roll": self._roll, "tile": self._tile,
+            "blocks": self._blocks, "band": self._band,
         }
         kind = self.chooser.choice(sorted(kinds))
         out = kinds[kind]()
@@ -266,6 +267,25 @@ class _Builder:
                        for _ in range(self.chooser.integer(1, len(x.shape) - 1))})
         shifts = [self.chooser.integer(-x.shape[a], x.shape[a]) for a in axes]
         return tf.roll(x, shifts, axes)
+
+    def _blocks(self):
+        """DepthToSpace where the channels allow, else SpaceToDepth where the plane does."""
+        import tensorflow as tf
+        x = self._pick(rank=4)
+        if x is None:
+            return None
+        if x.shape[3] % 4 == 0:
+            return tf.nn.depth_to_space(x, 2)
+        if x.shape[1] % 2 == 0 and x.shape[2] % 2 == 0:
+            return tf.nn.space_to_depth(x, 2)
+        return None
+
+    def _band(self):
+        import tensorflow as tf
+        x = self._pick()
+        rows, cols = x.shape[-2], x.shape[-1]          # the kernel takes bands within them
+        return tf.linalg.band_part(x, self.chooser.integer(-1, min(2, rows)),
+                                   self.chooser.integer(-1, min(2, cols)))
 
     def _tile(self):
         import tensorflow as tf

@@ -390,6 +390,61 @@ def batch_to_space_nd(ctx):
     ctx.unsplittable("d0", BLOCK_BATCH_REASON)
 
 
+# -- depth to space and back, band masks: the batch (leading) dims split ------------------
+
+WHOLE_BLOCKS_REASON = ("{op} moves each {bs}x{bs} block between its spatial and channel "
+                       "dims: a part of either is not the op's own on a part")
+BAND_REASON = ("MatrixBandPart keeps a band around the diagonal of the whole matrix: a part "
+               "of its rows or columns would need the band shifted")
+
+
+def _block_size(ctx) -> int:
+    fmt = ctx.attr("data_format", "NHWC")
+    if (fmt.decode() if isinstance(fmt, bytes) else fmt) != "NHWC":
+        ctx.fail(f"data_format {fmt!r}: only NHWC is described.", fix="use NHWC.")
+    return int(ctx.attr("block_size"))
+
+
+@semantics("DepthToSpace")
+def depth_to_space(ctx):
+    """y[b, h, w, c] = x[b, h // bs, w // bs, ((h % bs) bs + w % bs) C + c]: each image
+    splits off alone."""
+    x, bs = ctx.inputs[0], _block_size(ctx)
+    channels = ctx.output_shapes[0][3]
+    ctx.compute_nd(lambda idx: x[idx[0], idx[1] // bs, idx[2] // bs,
+                                 ((idx[1] % bs) * bs + idx[2] % bs) * channels + idx[3]])
+    for var in ("d1", "d2", "d3"):
+        ctx.unsplittable(var, WHOLE_BLOCKS_REASON.format(op=ctx.type, bs=bs))
+
+
+@semantics("SpaceToDepth")
+def space_to_depth(ctx):
+    """y[b, h, w, (oh bs + ow) C + c] = x[b, h bs + oh, w bs + ow, c]: each image splits
+    off alone."""
+    x, bs = ctx.inputs[0], _block_size(ctx)
+    channels = x.shape[3]
+
+    def body(idx):
+        b, h, w, k = idx
+        return x[b, h * bs + k // (bs * channels), w * bs + (k // channels) % bs,
+                 k % channels]
+    ctx.compute_nd(body)
+    for var in ("d1", "d2", "d3"):
+        ctx.unsplittable(var, WHOLE_BLOCKS_REASON.format(op=ctx.type, bs=bs))
+
+
+@semantics("MatrixBandPart")
+def matrix_band_part(ctx):
+    """y[.., i, j] = x[.., i, j] inside the band, else 0: the leading dims split."""
+    x = ctx.inputs[0]
+    ctx.const(1)
+    ctx.const(2)
+    rank = x.rank
+    ctx.compute_nd(lambda idx: Fn("band", x[idx], idx[rank - 2], idx[rank - 1]))
+    for var in (f"d{rank - 2}", f"d{rank - 1}"):
+        ctx.unsplittable(var, BAND_REASON)
+
+
 # -- concatenation and splitting ------------------------------------------------------------
 
 

@@ -45,6 +45,13 @@ sample("BatchToSpaceND", "1-D block",
 sample("BatchToSpaceND", "a row a part: one block offset's batch",
        lambda x: tf.batch_to_space(x, [2, 2], [[0, 1], [1, 0]]), arg((8, 2, 2, 3)))
 
+sample("DepthToSpace", "block 2", lambda x: tf.nn.depth_to_space(x, 2), arg((3, 3, 4, 8)))
+sample("SpaceToDepth", "block 2", lambda x: tf.nn.space_to_depth(x, 2), arg((3, 4, 6, 3)))
+sample("MatrixBandPart", "lower 1, upper 2",
+       lambda x: tf.linalg.band_part(x, 1, 2), arg((3, 2, 5, 6)))
+sample("MatrixBandPart", "causal (lower whole)",
+       lambda x: tf.linalg.band_part(x, -1, 0), arg((4, 5, 5)))
+
 sample("ConcatV2", "axis 1 uneven", lambda a, b, c: tf.concat([a, b, c], 1),
        arg((4, 2)), arg((4, 1)), arg((4, 3)))
 sample("ConcatV2", "axis -3", lambda a, b: tf.concat([a, b], -3), arg((3, 2, 4)), arg((2, 2, 4)))
