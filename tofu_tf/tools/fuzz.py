@@ -7,10 +7,11 @@ A step is a random DAG of described ops on float64 placeholders and variables (e
 unary and binary ops, broadcasting, MatMul with transposes, BatchMatMulV2, Conv2D with random
 strides and padding, dilated convolutions (SpaceToBatchND and back), pooling, bilinear
 and nearest resizing, reductions, Reshape, Transpose, Softmax, ConcatV2, Slice, Pad, Roll,
-Tile, DepthToSpace, SpaceToDepth, MatrixBandPart, BiasAdd), a scalar loss over every leaf, TensorFlow's gradients for every
-variable and an SGD update: the partitioned graph must give the same loss and the same
-updated variables over `STEPS` steps. Shapes are static and chosen so every op is valid;
-every choice goes through the `Chooser`, so a hypothesis strategy can shrink a failing case.
+Tile, DepthToSpace, SpaceToDepth, MatrixBandPart, BiasAdd), a scalar loss over every leaf,
+TensorFlow's gradients for every variable and an SGD update: the partitioned graph must
+give the same loss and the same updated variables over `STEPS` steps. Shapes are static
+and chosen so every op is valid; every choice goes through the `Chooser`, so a hypothesis
+strategy can shrink a failing case.
 """
 
 from __future__ import annotations
