@@ -137,6 +137,7 @@ def copies_ratio(step, feeds, devices: int, steps: int, warmup: int) -> float:
 
 def _row(config, model, medium, devices, steps, step, optimized, whole, profile, single,
          parted, floor) -> dict:
+    from tofu_tf.rewrite.verify import cross_device_edges
     row = {
         "config": config, "model": model, "medium": medium, "devices": devices,
         "code": code_label(), "cpu": cpu(),
@@ -150,7 +151,8 @@ def _row(config, model, medium, devices, steps, step, optimized, whole, profile,
         "nodes_single": len(step.graph_def.node),
         "nodes_partitioned": len(optimized.graph_def.node),
         "nodes_per_device": len(optimized.graph_def.node) / devices,
-        "transfers": cross_device_edges(optimized.graph_def),
+        # one Send/Recv pair each (bench/results/transfers.md: ten nodes' CPU on logical CPUs)
+        "transfers": len(cross_device_edges(optimized.graph_def)),
         "profile": {"traced_seconds": profile.wall_seconds, **profile.totals()},
         "profile_single": {"traced_seconds": whole.wall_seconds, **whole.totals()},
         "bars": profile.bars(40),
@@ -162,19 +164,6 @@ def _row(config, model, medium, devices, steps, step, optimized, whole, profile,
           f"{row['transfers']} transfers"
           + (f", {devices} copies {floor:.2f}x" if floor else ""), flush=True)
     return row
-
-
-def cross_device_edges(graph_def) -> int:
-    """Data edges of the graph whose producer is on another device, one per (tensor,
-    consumer device): the Send/Recv pairs TensorFlow adds (bench/results/transfers.md:
-    about ten nodes' CPU each on logical CPUs)."""
-    device = {node.name: node.device for node in graph_def.node}
-    edges = set()
-    for node in graph_def.node:
-        for text in node.input:
-            if not text.startswith("^") and device[text.split(":")[0]] != node.device:
-                edges.add((text if ":" in text else text + ":0", node.device))
-    return len(edges)
 
 
 def _ms(seconds: float) -> str:

@@ -97,23 +97,21 @@ def _check_collectives(gd: graph_pb2.GraphDef) -> None:
                                node=group[0].name, op_type=group[0].op)
 
 
+def cross_device_edges(gd: graph_pb2.GraphDef) -> set[tuple[str, str]]:
+    """Every (tensor, destination device) pair whose producer is elsewhere: one Send/Recv
+    pair each, which TensorFlow adds once per tensor and receiving device."""
+    device_of = {node.name: node.device for node in gd.node}
+    return {(name, node.device) for node in gd.node for name in node.input
+            if not name.startswith("^") and device_of[name.partition(":")[0]] != node.device}
+
+
 def cross_device_bytes(gd: graph_pb2.GraphDef) -> int:
-    """Bytes of every (tensor, destination device) pair whose producer is elsewhere —
-    what TensorFlow's Send/Recv move, once per tensor and receiving device."""
+    """Bytes of every cross-device edge (`cross_device_edges`): what Send/Recv move."""
     nodes = {node.name: node for node in gd.node}
-    device_of = {name: node.device for name, node in nodes.items()}
-    seen = set()
     total = 0
-    for node in gd.node:
-        device = node.device
-        for name in node.input:
-            if name.startswith("^"):
-                continue
-            source, _, index = name.partition(":")
-            if device_of[source] == device or (name, device) in seen:
-                continue
-            seen.add((name, device))
-            total += _tensor_bytes(nodes[source], int(index or 0))
+    for name, _ in cross_device_edges(gd):
+        source, _, index = name.partition(":")
+        total += _tensor_bytes(nodes[source], int(index or 0))
     return total
 
 

@@ -32,18 +32,21 @@ sample("BroadcastTo", "rank up", lambda x: tf.broadcast_to(x, (3, 4, 5)), arg((4
 sample("Tile", "one dim", lambda x: tf.tile(x, (3, 1)), arg((3, 4)))
 sample("Tile", "both dims", lambda x: tf.tile(x, (2, 3)), arg((5, 3)))
 sample("Tile", "size-1 dim", lambda x: tf.tile(x, (4, 2)), arg((1, 4)))
-sample("SpaceToBatchND", "2-D block, padded",
-       lambda x: tf.space_to_batch_nd(x, [2, 3], [[1, 1], [2, 1]]), arg((2, 6, 6, 3)))
-sample("SpaceToBatchND", "1-D block",
-       lambda x: tf.space_to_batch_nd(x, [2], [[0, 2]]), arg((3, 8, 4)))
-sample("SpaceToBatchND", "one batch, block 1 on a dim",
-       lambda x: tf.space_to_batch_nd(x, [1, 2], [[0, 0], [1, 1]]), arg((1, 5, 6, 2)))
-sample("BatchToSpaceND", "2-D block, cropped",
-       lambda x: tf.batch_to_space(x, [2, 3], [[1, 1], [2, 1]]), arg((12, 4, 3, 3)))
-sample("BatchToSpaceND", "1-D block",
-       lambda x: tf.batch_to_space(x, [2], [[0, 2]]), arg((6, 5, 4)))
-sample("BatchToSpaceND", "a row a part: one block offset's batch",
-       lambda x: tf.batch_to_space(x, [2, 2], [[0, 1], [1, 0]]), arg((8, 2, 2, 3)))
+
+# (label, block, paddings or crops, input shape)
+SPACE_TO_BATCH = (("2-D block, padded", [2, 3], [[1, 1], [2, 1]], (2, 6, 6, 3)),
+                  ("1-D block", [2], [[0, 2]], (3, 8, 4)),
+                  ("one batch, block 1 on a dim", [1, 2], [[0, 0], [1, 1]], (1, 5, 6, 2)))
+BATCH_TO_SPACE = (("2-D block, cropped", [2, 3], [[1, 1], [2, 1]], (12, 4, 3, 3)),
+                  ("1-D block", [2], [[0, 2]], (6, 5, 4)),
+                  ("a row a part: one block offset's batch", [2, 2], [[0, 1], [1, 0]],
+                   (8, 2, 2, 3)))
+for label, block, pads, shape in SPACE_TO_BATCH:
+    sample("SpaceToBatchND", label,
+           lambda x, block=block, pads=pads: tf.space_to_batch_nd(x, block, pads), arg(shape))
+for label, block, crops, shape in BATCH_TO_SPACE:
+    sample("BatchToSpaceND", label,
+           lambda x, block=block, crops=crops: tf.batch_to_space(x, block, crops), arg(shape))
 
 sample("DepthToSpace", "block 2", lambda x: tf.nn.depth_to_space(x, 2), arg((3, 3, 4, 8)))
 sample("SpaceToDepth", "block 2", lambda x: tf.nn.space_to_depth(x, 2), arg((3, 4, 6, 3)))
