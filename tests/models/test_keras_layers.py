@@ -3,7 +3,7 @@ functional model trained 2 Adam steps through `tofu_tf.function` against `tf.fun
 from identical weights, in float64 (float32 where TensorFlow has no float64 kernel); every
 op of these models is described (a kept-whole op fails the test), and the partitioned step
 splits the ops that stand in for them (dilations, resizing, 3-D pooling, cyclic shifts,
-pixel shuffles, band masks)."""
+pixel shuffles, band masks, grouped convolutions)."""
 
 from __future__ import annotations
 
@@ -82,6 +82,14 @@ def _layers():
             L.Conv2D(4, 3, strides=2, padding="same"),
             L.Lambda(lambda t: tf.nn.space_to_depth(t, 2)),
             L.Lambda(lambda t: tf.linalg.band_part(t, 1, 0))]),
+        # Grouped convolutions (Keras compiles them with XLA): as depthwise ops where each
+        # group is one channel, else one convolution per group.
+        "conv-groups": _classifier((10, 10, 4), lambda: [
+            L.Conv2D(8, 3, padding="same"), L.Conv2D(8, 3, strides=2, padding="same", groups=8),
+            L.Conv2D(6, 3, dilation_rate=2, groups=2), L.Conv2D(4, 1, groups=2)]),
+        "conv1d-conv3d-groups": _classifier((5, 6, 6, 4), lambda: [
+            L.Conv3D(4, 3, padding="same"), L.Conv3D(8, 3, strides=(1, 2, 2), groups=2),
+            L.Reshape((3 * 2, 16)), L.Conv1D(8, 3, groups=4, padding="causal")]),
         # TensorFlow's 3-D max pooling has no float64 kernel: this one runs in float32.
         "conv3d-pool3d": _classifier((6, 7, 6, 2), lambda: [
             L.Conv3D(4, 3, strides=(1, 2, 1), padding="same", activation="relu"),
@@ -91,11 +99,15 @@ def _layers():
 
 LAYERS = ["conv1d-dilated-causal", "conv2d-dilated-same", "conv2d-transpose-separable",
           "pools-crops-groupnorm", "resize-bilinear-nearest", "embedding-gru-unrolled",
-          "roll-shifted-windows", "pixel-shuffle-band", "conv3d-pool3d"]
+          "roll-shifted-windows", "pixel-shuffle-band", "conv3d-pool3d", "conv-groups",
+          "conv1d-conv3d-groups"]
 FLOAT32 = {"conv3d-pool3d"}
 # The op types that stand in for a layer (TensorFlow's lowering), per model.
 BLOCKED = {"SpaceToBatchND", "BatchToSpaceND"}
+DEPTHWISE = {"DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput",
+             "DepthwiseConv2dNativeBackpropFilter"}
 STANDS_IN_FOR = {
+    "conv2d-transpose-separable": DEPTHWISE, "conv-groups": DEPTHWISE | BLOCKED,
     "conv1d-dilated-causal": BLOCKED, "conv2d-dilated-same": BLOCKED,
     "resize-bilinear-nearest": {"ResizeBilinear", "ResizeBilinearGrad",
                                 "ResizeNearestNeighbor", "ResizeNearestNeighborGrad"},

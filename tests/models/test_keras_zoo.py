@@ -7,8 +7,6 @@ rounding, which training magnifies, stands between the two), loss and every vari
 import pytest
 
 import tofu_tf
-from tofu_tf.errors import GraphImportError
-from tofu_tf.models.keras_models import build_keras_step
 from tofu_tf.tools.zoo import LOSS_TOLERANCE, VARIABLE_TOLERANCE, train_side_by_side
 
 FAST = ("mobilenetv2", "llama", "albert", "deberta_v3")
@@ -35,10 +33,9 @@ def test_trains_to_the_same_numbers_with_the_step_rewritten(model):
     assert result.details["recomputed_ops"] > 0
 
 
-def test_a_grouped_convolution_is_a_typed_error_naming_the_call():
-    """ConvNeXt's depthwise layers are Conv2D(groups=C), which Keras runs compiled by XLA."""
-    step = build_keras_step("convnexttiny", batch_size=8)
-    partitioned = tofu_tf.function(step.step, num_devices=8)
-    with pytest.raises(GraphImportError, match="XLA") as raised:
-        partitioned(*step.inputs)
-    assert "depthwise_conv" in raised.value.node
+def test_grouped_convolutions_compiled_by_xla_train_to_the_same_numbers():
+    """ConvNeXt's depthwise layers are Conv2D(groups=C), which Keras runs compiled by XLA:
+    the call is inlined and each grouped op becomes a depthwise one (importer/_grouped)."""
+    result = train_side_by_side("convnexttiny", num_devices=8, dtype="float64", steps=2)
+    assert result.outcome == "equal", result.to_dict()
+    assert result.partitioned.variable_error <= VARIABLE_TOLERANCE

@@ -16,7 +16,10 @@ then name the forward op they differentiate (`<forward call>/<op>`), which is ho
 gradient analysis (_gradients.py) pairs them. Names that would clash get a `_k` suffix.
 Calls inside bodies are inlined in turn. `inlinable` tells whether every call can be done
 this way: a polymorphic body (attr placeholders), a `_noinline` function or a
-SymbolicGradient cannot, and the importer gives such graphs to Grappler.
+SymbolicGradient cannot, and the importer gives such graphs to Grappler. A function
+compiled with XLA (`_XlaMustCompile`, which TensorFlow also marks `_noinline`: Keras
+compiles grouped convolutions so) is inlined like any other: its body is TensorFlow ops,
+the grouped convolutions among them rewritten once shapes are known (_grouped).
 """
 
 from __future__ import annotations
@@ -73,7 +76,8 @@ class _Library:
 
     def inlinable(self, name: str, seen: frozenset = frozenset()) -> bool:
         function = self.functions.get(name)
-        if function is None or name in seen or _flag(function.attr, "_noinline"):
+        if function is None or name in seen or (_flag(function.attr, "_noinline") and
+                                                not _flag(function.attr, "_XlaMustCompile")):
             return False
         for node in function.node_def:
             if any(value.placeholder for value in node.attr.values()):

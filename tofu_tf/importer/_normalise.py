@@ -339,12 +339,11 @@ def reject_unsupported(graph_def: graph_pb2.GraphDef, *, inlined: bool = True) -
         if inlined and node.op in CALL_OPS:
             if _compiled(graph_def, node):
                 raise GraphImportError(
-                    "this call runs a function compiled with XLA (jit_compile=True; Keras "
-                    "compiles grouped convolutions, Conv2D(groups>1), this way: TensorFlow's "
-                    "CPU kernels have no gradients for them): its ops are not TensorFlow ops "
-                    "tofu_tf can partition one by one.", node=node.name, op_type=node.op,
-                    fix="build the layer without jit compilation (e.g. DepthwiseConv2D "
-                        "instead of Conv2D(groups=channels)), or keep it out of the step.")
+                    "this call runs a function compiled with XLA (jit_compile=True) that "
+                    "could not be inlined (a polymorphic body or a SymbolicGradient): its "
+                    "ops cannot be partitioned one by one.", node=node.name, op_type=node.op,
+                    fix="build the function without jit compilation, or keep it out of the "
+                        "step.")
             raise GraphImportError(
                 "this function call could not be inlined.", node=node.name, op_type=node.op,
                 fix="remove the @tf.function(experimental_attributes={'_noinline': True}) "

@@ -13,12 +13,13 @@ drops what they leave unused):
   4. clean       strip Const control inputs (`^ShapeN`), prune again, reject control flow
   5. shapes      import into a fresh graph, read every output's static shape and dtype;
                  an unknown dimension raises DynamicShapeError
-  6. fold        Shape/ShapeN/Size/Rank of static tensors and small values computed from
+  6. groups      grouped convolutions -> depthwise ops, or one op per group (_grouped)
+  7. fold        Shape/ShapeN/Size/Rank of static tensors and small values computed from
                  Consts alone become Consts; Identity, IdentityN, StopGradient,
                  PreventGradient, Reshapes to their input's shape and AddN of one tensor
                  and zeros are bypassed; equal small Consts become one (_fold)
-  7. structure   roles, forward_op, variables and slots (_structure.analyse)
-  8. build       attrs -> plain Python, small Const values -> Graph.constants, Graph(...)
+  8. structure   roles, forward_op, variables and slots (_structure.analyse)
+  9. build       attrs -> plain Python, small Const values -> Graph.constants, Graph(...)
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from tofu_tf import _tf_graph
 from tofu_tf._gc import paused_gc
 from tofu_tf.errors import DynamicShapeError, GraphImportError
 from tofu_tf.graph import Graph, Op, Tensor, tensor_name
-from tofu_tf.importer import _fold, _inline, _normalise
+from tofu_tf.importer import _fold, _grouped, _inline, _normalise
 from tofu_tf.importer._nodes import NodeRecord, topological_order
 from tofu_tf.importer._structure import Structure, analyse
 from tofu_tf.importer.tf_attrs import python_value
@@ -123,6 +124,7 @@ def _run_passes(graph_def, fetches, feeds, captures, start, side_effects) -> Imp
     fetches = [*fetches, *_normalise.unreached(graph_def, fetches, side_effects)]
     with _timed(stats, "shape_seconds"):
         shapes = _static_shapes(graph_def)
+    graph_def = _grouped.ungroup(graph_def, shapes)
     with _timed(stats, "fold_seconds"):
         graph_def = _normalise.fold_shape_ops(graph_def, shapes, keep=roots)
         stale = _fold.fold_constants(graph_def, shapes, keep=roots,
