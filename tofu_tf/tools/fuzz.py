@@ -5,7 +5,7 @@
 
 A step is a random DAG of described ops on float64 placeholders and variables (element-wise
 unary and binary ops, broadcasting, MatMul with transposes, BatchMatMulV2, Conv2D with random
-strides and padding, dilated convolutions (SpaceToBatchND and back), pooling, bilinear
+strides and padding, dilated and grouped (XLA-compiled) convolutions, pooling, bilinear
 and nearest resizing, reductions, Reshape, Transpose, Softmax, ConcatV2, Slice, Pad, Roll,
 Tile, DepthToSpace, SpaceToDepth, MatrixBandPart, BiasAdd), a scalar loss over every leaf,
 TensorFlow's gradients for every variable and an SGD update: the partitioned graph must
@@ -173,7 +173,7 @@ class _Builder:
             "softmax": self._softmax, "concat": self._concat, "slice": self._slice,
             "pad": self._pad, "bias": self._bias, "dilated": self._dilated,
             "resize": self._resize, "roll": self._roll, "tile": self._tile,
-            "blocks": self._blocks, "band": self._band,
+            "blocks": self._blocks, "band": self._band, "grouped": self._grouped,
         }
         kind = self.chooser.choice(sorted(kinds))
         out = kinds[kind]()
@@ -235,6 +235,24 @@ class _Builder:
         f = self._variable((kh, kw, x.shape[3], c.integer(1, 4)))
         # no dilations: TensorFlow's CPU filter gradient has no kernel for them
         return tf.nn.conv2d(x, f, strides=stride, padding=padding)
+
+    def _grouped(self):
+        """A grouped Conv2D (filter of C / G input channels), compiled with XLA as Keras
+        compiles Conv2D(groups=G): TensorFlow's CPU kernels have no grouped gradients."""
+        import tensorflow as tf
+        x = self._pick(rank=4)
+        if x is None or x.shape[3] < 2:
+            return None
+        c = self.chooser
+        groups = c.choice([g for g in range(2, x.shape[3] + 1) if x.shape[3] % g == 0])
+        stride = c.choice([1, 2])
+        padding = c.choice(["SAME", "VALID"]) if min(x.shape[1], x.shape[2]) >= 3 else "SAME"
+        f = self._variable((3, 3, x.shape[3] // groups, groups * c.integer(1, 2)))
+
+        @tf.function(jit_compile=True, autograph=False)
+        def grouped(x, f):
+            return tf.nn.conv2d(x, f, strides=stride, padding=padding)
+        return grouped(x, f)
 
     def _dilated(self):
         """tf.nn.convolution with dilation 2: SpaceToBatchND, Conv2D, BatchToSpaceND."""

@@ -254,7 +254,9 @@ def conv(ctx):
     kernel, (cin, _) = w.shape[:-2], w.shape[-2:]
     if x.shape[layout.channel] != cin:
         ctx.fail(f"grouped convolution ({x.shape[layout.channel]} input channels, filter "
-                 f"in_channels {cin}) is not described.", fix="use one group.")
+                 f"in_channels {cin}) is not described; the importer rewrites grouped "
+                 "convolutions into depthwise or per-group ones.",
+                 fix="import the graph through tofu_tf.optimize or tofu_tf.function.")
     axes = axes_or_fail(ctx, ctx.attrs, layout, x.shape, ctx.output_shapes[0], kernel)
     xp = x.padded(0)
 
