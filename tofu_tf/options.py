@@ -114,8 +114,9 @@ class Options:
     # (its link bandwidth over the FLOP/s its kernels reach); 0: bytes alone (the plan
     # moving the fewest bytes, whatever it repeats).
     flop_bytes: float | None = None
-    # Bytes moved that one transfer is worth in the search's objective (each op's read or
-    # conversion of one tensor that moves bytes at one level has a latency). None: the
+    # Bytes moved that one transfer is worth in the search's objective (each message
+    # between two devices has a latency; the search counts them as the emitter sends
+    # them: an all-gather or all-to-all over k parts k (k - 1)). None: the
     # step profile's link latency x link bandwidth (this_cpu: 2.56 MB; tiny models then
     # run faster on logical CPUs but replicate more, past the unpartitioned step's peak
     # on some: bench/results/overhead.md); 0 (default): transfers only break ties.

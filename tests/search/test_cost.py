@@ -74,3 +74,39 @@ def test_overlaps_against_brute_force():
                     box[d] = (max(box[d, 0], first), min(box[d, 1], last))
                 want += int(np.prod(np.clip(box[:, 1] - box[:, 0], 0, None)))
             assert got[m, d] == want
+
+
+def test_partners_against_brute_force():
+    """Transfers per state: the (p, q != p) pairs where part q's slice of the dim meets
+    part p's nonempty box, and (k - 1) per nonempty box for R."""
+    from tofu_tf.search.cost import part_bounds, partners
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        k, rank = int(rng.integers(2, 9)), int(rng.integers(1, 4))
+        shape = rng.integers(k, 3 * k + 3, rank)
+        boxes = np.zeros((1, k, rank, 2), dtype=np.int64)
+        for p in range(k):
+            for d in range(rank):
+                boxes[0, p, d] = sorted(rng.integers(0, shape[d] + 1, 2))
+        got = partners(boxes, shape[None, :].astype(np.int64), k)[0]
+        nonempty = [bool(np.all(boxes[0, p, :, 1] > boxes[0, p, :, 0])) for p in range(k)]
+        assert got[rank] == (k - 1) * sum(nonempty)
+        for d in range(rank):
+            bounds = part_bounds(int(shape[d]), k)
+            a, b = boxes[0, :, d, 0], boxes[0, :, d, 1]
+            want = sum(1 for p in range(k) if nonempty[p] for q in range(k)
+                       if q != p and bounds[q, 0] < b[p] and a[p] < bounds[q, 1])
+            assert got[d] == want
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_a_relayout_counts_an_all_to_all(k):
+    """A [8, 6] tensor stored Split(0) read as Split(1) (column blocks): every part needs
+    a piece of every other part's rows, k (k - 1) messages; stored R, none."""
+    from tofu_tf.search.cost import partners
+    from tofu_tf.op_semantics.analysis import part_range
+    boxes = np.array([[[(0, 8), (a, b + 1)] for a, b in (part_range(6, k, p)
+                                                         for p in range(k))]])
+    counts = partners(boxes, np.array([[8, 6]]), k)[0]
+    assert counts[0] == k * (k - 1)         # stored Split(0): all-to-all
+    assert counts[1] == 0                   # stored Split(1): already there

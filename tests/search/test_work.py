@@ -41,3 +41,20 @@ def test_the_price_is_the_profiles_rate():
 def test_a_bad_price_is_a_typed_error(bad):
     with pytest.raises(TofuError, match=f"Options.{next(iter(bad))}"):
         Options(**bad)
+
+
+def test_priced_transfers_send_fewer_messages():
+    """With a price per message (Options.transfer_bytes), the emitted step of the LSTM
+    sends fewer cross-device messages than the fewest-bytes plan's, and moves more bytes."""
+    from tofu_tf.api import optimize
+    from tofu_tf.models import build
+    from tofu_tf.rewrite.verify import cross_device_edges
+    step = build("lstm", optimizer="sgd", graph_only=True, batch_size=8)
+    sent = {}
+    for price in (0.0, 4096.0):
+        optimized = optimize(step.graph_def, step.fetches, feeds=list(step.feeds),
+                             num_devices=8, options=Options(transfer_bytes=price))
+        sent[price] = (len(cross_device_edges(optimized.graph_def)),
+                       optimized.ledger.step_bytes)
+    assert sent[4096.0][0] < 0.9 * sent[0.0][0]
+    assert sent[4096.0][1] > sent[0.0][1]

@@ -73,6 +73,31 @@ def part_bounds(n: int, k: int) -> np.ndarray:
     return np.stack([stops - sizes, stops], axis=1)
 
 
+def partners(boxes: np.ndarray, shapes: np.ndarray, k: int) -> np.ndarray:
+    """Transfers as the emitter makes them, for boxes [M, k, D, 2] (part p's box of entry
+    m) and shapes [M, D]: in column d < D, the (p, q != p) pairs where part q's slice of
+    dim d (Split(d)) meets p's nonempty box — one message each way the box is cut across
+    holders; in column D, (k - 1) x the nonempty boxes — each sent to every other part (a
+    gather into R). Returns int64 [M, D + 1]."""
+    m, _, d, _ = boxes.shape
+    nonempty = np.all(boxes[..., 1] > boxes[..., 0], axis=2)             # [M, k]
+    out = np.empty((m, d + 1), dtype=np.int64)
+    out[:, d] = (k - 1) * nonempty.sum(axis=1)
+    parts = np.arange(k)[None, :]
+    for dim in range(d):
+        base, extra = np.divmod(shapes[:, dim], k)
+        base, extra = np.maximum(base, 1)[:, None], extra[:, None]       # [M, 1]
+        boundary = extra * (base + 1)
+
+        def part_of(x):
+            return np.where(x < boundary, x // (base + 1), extra + (x - boundary) // base)
+        first = part_of(boxes[:, :, dim, 0])
+        last = np.minimum(part_of(boxes[:, :, dim, 1] - 1), k - 1)
+        mine = (first <= parts) & (parts <= last)
+        out[:, dim] = np.where(nonempty, last - first + 1 - mine, 0).sum(axis=1)
+    return out
+
+
 def overlaps(boxes: np.ndarray, shapes: np.ndarray, k: int) -> np.ndarray:
     """The overlap volumes of `tofu_tf.cc.reference.overlaps_numpy`, through the C++ op
     when it is available."""

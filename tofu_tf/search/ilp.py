@@ -114,13 +114,10 @@ class _Entries:
         return entry, state, values
 
 
-def merged_vectors(group_of, entries, transfer_bytes: float = 0.0) -> dict[int, np.ndarray]:
-    """A choice's vectors summed per group (tensors of one group share its state), each
-    state where a vector moves bytes also costing `transfer_bytes` (search/level.py)."""
+def merged_vectors(group_of, entries) -> dict[int, np.ndarray]:
+    """A choice's vectors summed per group (tensors of one group share its state)."""
     out: dict[int, np.ndarray] = {}
     for tensor, vector in entries:
-        if transfer_bytes:
-            vector = vector + transfer_bytes * (np.asarray(vector) > 0)
         g = group_of[tensor]
         out[g] = out[g] + vector if g in out else np.asarray(vector, dtype=np.float64)
     return out
@@ -132,11 +129,11 @@ def _collect(model: LevelModel) -> _Entries:
         scope = model.op_scope(op)                      # ops touching no group cost 0
         pairs = {g: len(found.pair_group) + i for i, g in enumerate(scope)}
         found.pair_group.extend(scope)
-        for entries, work in zip(model.vectors[op], model.work(op)):
+        for entries, work in zip(model.priced(op), model.work(op)):
             y = len(found.choice_op)
             found.choice_op.append(op_index)
             found.work.append(float(work))
-            merged = merged_vectors(model.coarse.group_of, entries, model.transfer_bytes)
+            merged = merged_vectors(model.coarse.group_of, entries)
             for g in scope:
                 found.choice.append(y)
                 found.pair.append(pairs[g])

@@ -137,11 +137,11 @@ class _Walk:
     ways: tuple[int, ...]
     limit: int                                         # most joint choices in all
     flop_bytes: float                                  # the price of repeated work
-    transfer_bytes: float                              # the price of one transfer
+    transfer_bytes: float              # the price of one transfer between two devices
     local_ops: dict = field(default_factory=dict)      # (id(op), choice) -> (op, local op)
     contexts: dict = field(default_factory=dict)       # (id(local op), shapes) -> _Context
     templates: dict = field(default_factory=dict)      # id(local op) -> (op, choices, whole)
-    vectors: dict = field(default_factory=dict)        # (id(choice), slot, shape) -> bytes
+    vectors: dict = field(default_factory=dict)   # (id(choice), slot, shape) -> (bytes, transfers)
     choices: int = 0                                   # joint choices made so far
 
     def count(self, more: int, context: _Context) -> None:
@@ -154,9 +154,8 @@ class _Walk:
         tensors = {t: model.problem.tensors[t] for t in op.inputs + op.outputs}
         problem = Problem(model.problem.k, [op], tensors, self.base.replicable,
                           self.base.replicate_below, {op.name: model.problem.choices[op.name]})
-        return _Context(problem, [merged_vectors(self.coarse.group_of, entries,
-                                                 self.transfer_bytes)
-                                  for entries in model.vectors[op.name]], model.work(op.name))
+        return _Context(problem, [merged_vectors(self.coarse.group_of, entries)
+                                  for entries in model.priced(op.name)], model.work(op.name))
 
     def next(self, context: _Context, choice: int, states: dict[str, OutputState],
              level: int) -> _Context:
@@ -171,23 +170,29 @@ class _Walk:
         tensors = _part_tensors(context.problem, states, k_next)
         shapes = tuple(sorted((t, spec.shape) for t, spec in tensors.items()))
         if (id(local), shapes) not in self.contexts:
-            self.contexts[id(local), shapes] = self._context(local, tensors, k_next)
+            price = self.transfer_bytes * math.prod(self.ways[level + 2:])
+            self.contexts[id(local), shapes] = self._context(local, tensors, k_next, price)
         return self.contexts[id(local), shapes]
 
-    def _context(self, op: ProblemOp, tensors: dict[str, TensorSpec], k: int) -> _Context:
+    def _context(self, op: ProblemOp, tensors: dict[str, TensorSpec], k: int,
+                 price: float) -> _Context:
+        """The op's choices at a deeper level, each transfer costing `price` (the level's
+        price, level.level_models)."""
         problem = Problem(k, [op], tensors, self.base.replicable, self.base.replicate_below)
         chosen = self._templates(problem, op)
         keys = [[(id(choice), slot, tensors[tensor].shape) for slot, tensor in
                  _slots(choice, op)] for choice in chosen]
         if any(key not in self.vectors for row in keys for key in row):
             problem.choices[op.name] = [clamp_boxed(choice, op, problem) for choice in chosen]
-            for row, entries in zip(keys, cost_vectors(problem)[op.name]):
-                self.vectors.update(zip(row, (vector for _, vector in entries)))
+            vectors = cost_vectors(problem)
+            for row, entries, counts in zip(keys, vectors[op.name],
+                                            vectors.transfers(op.name)):
+                self.vectors.update(zip(row, ((v, n) for (_, v), (_, n)
+                                              in zip(entries, counts))))
         problem.choices[op.name] = chosen           # labels and strategies only, below
-        vectors = [merged_vectors(self.coarse.group_of, [(tensor, self.vectors[key]) for
-                                                  (_, tensor), key in zip(_slots(c, op), row)],
-                                  self.transfer_bytes)
-                   for c, row in zip(chosen, keys)]
+        vectors = [merged_vectors(self.coarse.group_of, [
+            (tensor, self.vectors[key][0] + price * self.vectors[key][1])
+            for (_, tensor), key in zip(_slots(c, op), row)]) for c, row in zip(chosen, keys)]
         return _Context(problem, vectors, choice_work(k, op, chosen, self.flop_bytes))
 
     def _templates(self, problem: Problem, op: ProblemOp) -> list[Choice]:
@@ -410,7 +415,8 @@ def joint_model(graph: Graph, topology: Topology, *,
             raise JointTooLarge.of(f"at least {least}, more than {max_joint_choices},", ways)
     trees = tuple(state_tree(base.tensors[members[0]], base, ways)
                   for members in coarse.members)
-    walk = _Walk(base, coarse, ways, max_joint_choices, root.flop_bytes, root.transfer_bytes)
+    walk = _Walk(base, coarse, ways, max_joint_choices, root.flop_bytes,
+                 root.transfer_bytes / math.prod(ways[1:]))
     vectors, keys = {}, {}
     for op in base.ops:
         scope = scopes[op.name]

@@ -9,15 +9,16 @@ evaluates assignments through it, so their numbers compare like with like:
 where the vectors are bytes (cost.py) and work[c] prices the computation a choice repeats:
 an op run whole on every one of the k parts (`replicate`) instead of split does k - 1
 times its flops more, priced at `flop_bytes` bytes per flop (whole bytes; 0: the plan
-moving the fewest bytes, whatever it computes). With `transfer_bytes`, every term moving
-bytes > 0 (a transfer) costs that much more. `solve_level` minimises it exactly with
-dp.solve; a LevelResult keeps its bytes, work and transfers' price apart.
+moving the fewest bytes, whatever it computes). With `transfer_bytes`, every transfer
+costs that much more: a message from one part to another as the emitter sends them, per
+entry and state (problem._finish: an all-to-all re-layout k (k - 1), a halo 2 (k - 1), an
+all-gather k (k - 1)). `solve_level` minimises it exactly with dp.solve; a LevelResult
+keeps its bytes, work and transfers' price apart.
 
 Ties. Bytes (and the prices) are whole numbers, and many assignments move the same bytes:
 a bias stored Split, gathered for the forward op and reduce-scattered from its gradient,
 moves what it moves stored R and all-reduced. Among the byte-optimal assignments the search
-takes one with the fewest transfers (an op's entry moving bytes > 0 counts one; each has a
-latency):
+takes one with the fewest transfers (each has a latency):
 
     ranked(states) = cost(states) + epsilon * transfers(states),
     epsilon = 1 / (2 * (1 + sum over ops of the most transfers any choice makes))
@@ -128,22 +129,39 @@ class LevelModel:
         """(pattern ranks with vectors, min table, argmin, transfers) for one op."""
         n_in = len(self.vectors.ops[op].inputs)
         positional = self.vectors.positional(op)
-        ranks = [[pattern[i if kind == "in" else n_in + i] for (kind, i), _ in entries]
+        ranks = [[pattern[i if kind == "in" else n_in + i] for (kind, i), *_ in entries]
                  for entries in positional]
         used = tuple(sorted({r for row in ranks for r in row}))
         return (used, *_min_table(
-            [[(used.index(r), v) for r, (_, v) in zip(row, entries)]
+            [[(used.index(r), v, n) for r, (_, v, n) in zip(row, entries)]
              for row, entries in zip(ranks, positional)],
             [self.domains[distinct[r]] for r in used], self.work(op), self.transfer_bytes))
 
     def _named_table(self, op: str):
-        """op_table from plain {op: [[(tensor, vector)]]} vectors (models built by hand)."""
+        """op_table from plain {op: [[(tensor, vector)]]} vectors (models built by hand:
+        a term moving bytes is one transfer)."""
         group_of = self.coarse.group_of
         scope = tuple(sorted({group_of[t] for entries in self.vectors[op] for t, _ in entries}))
-        return (scope, *_min_table([[(scope.index(group_of[t]), v) for t, v in entries]
-                                    for entries in self.vectors[op]],
+        return (scope, *_min_table([[(scope.index(group_of[t]), v, np.asarray(v) > 0)
+                                     for t, v in entries] for entries in self.vectors[op]],
                                    [self.domains[g] for g in scope], None,
                                    self.transfer_bytes))
+
+    def transfer_counts(self, op: str) -> list[list[tuple[str, np.ndarray]]]:
+        """Per choice [(tensor, transfers per state)] (one per term moving bytes in a
+        model built by hand)."""
+        if isinstance(self.vectors, OpVectors):
+            return self.vectors.transfers(op)
+        return [[(t, (np.asarray(v) > 0).astype(np.int64)) for t, v in entries]
+                for entries in self.vectors[op]]
+
+    def priced(self, op: str) -> list[list[tuple[str, np.ndarray]]]:
+        """Per choice [(tensor, bytes + transfer_bytes x transfers per state)]: the
+        vectors the exact checks (ILP, joint search) minimise."""
+        if not self.transfer_bytes:
+            return self.vectors[op]
+        return [[(t, v + self.transfer_bytes * n) for (t, v), (_, n) in zip(entries, counts)]
+                for entries, counts in zip(self.vectors[op], self.transfer_counts(op))]
 
     def _epsilon(self) -> float:
         """The weight of one transfer in ranked factors (module docstring)."""
@@ -217,11 +235,17 @@ class LevelModel:
         distinct, pattern = self._pattern(op)
         n_in = len(self.vectors.ops[op].inputs)
         out = []
-        for (kind, i), vector in self.vectors.positional(op)[choice]:
+        for (kind, i), vector, _ in self.vectors.positional(op)[choice]:
             moved = vector.item(assignment[distinct[pattern[i if kind == "in" else n_in + i]]])
             if moved > 0:
                 out.append((tensor_at(self.vectors.ops[op], (kind, i)), float(moved)))
         return out
+
+    def transfers(self, op: str, choice: int, assignment) -> int:
+        """The transfers the op's choice makes under `assignment`."""
+        group_of = self.coarse.group_of
+        return int(sum(n[assignment[group_of[t]]]
+                       for t, n in self.transfer_counts(op)[choice]))
 
 
 def choice_work(k: int, op: ProblemOp, choices: list[Choice], flop_bytes: float
@@ -239,12 +263,11 @@ def _squeeze(table: np.ndarray) -> tuple[tuple[int, ...], np.ndarray]:
     return axes, table.reshape([table.shape[i] for i in axes])
 
 
-def _min_table(per_choice: list[list[tuple[int, np.ndarray]]], shape: list[int],
+def _min_table(per_choice: list[list[tuple[int, np.ndarray, np.ndarray]]], shape: list[int],
                work: np.ndarray | None = None, transfer_bytes: float = 0.0):
-    """Over choices of `work` plus the sum of each choice's (axis, vector) terms, each term
-    moving bytes also costing `transfer_bytes`: the min, the
-    argmin (least bytes, then fewest terms moving bytes > 0, then the first choice) and
-    that choice's number of such terms (its transfers).
+    """Over choices of `work` plus the sum of each choice's (axis, bytes, transfers)
+    terms, each transfer also costing `transfer_bytes`: the min, the argmin (least cost,
+    then fewest transfers, then the first choice) and that choice's transfers.
 
     With the terms summed per (choice, axis state) into S [choices, sum of the axes'
     sizes] (one bincount), a cell's entry is the sum over axes of S at the cell's state on
@@ -253,17 +276,19 @@ def _min_table(per_choice: list[list[tuple[int, np.ndarray]]], shape: list[int],
     n_choices = len(per_choice)
     offsets, states = _layout(tuple(shape))
     width = sum(shape)
-    index, pieces = [], []
+    index, pieces, counts = [], [], []
     for c, terms in enumerate(per_choice):
-        for axis, vector in terms:
+        for axis, vector, count in terms:
             base = c * width + offsets[axis]
             index.extend(range(base, base + len(vector)))
             pieces.append(vector)
+            counts.append(count)
     cells = math.prod(shape)
     if pieces:
         flat, where = np.concatenate(pieces), np.array(index, dtype=np.intp)
         sums = np.bincount(where, flat, n_choices * width).reshape(n_choices, width)
-        moving = np.bincount(where, flat > 0, n_choices * width).reshape(n_choices, width)
+        moving = np.bincount(where, np.concatenate(counts),
+                             n_choices * width).reshape(n_choices, width)
         tables = sums[:, states].sum(axis=1)
         transfers = moving[:, states].sum(axis=1).astype(np.int64)
     else:
@@ -354,7 +379,9 @@ def result_of(model: LevelModel, assignment, exact: bool, seconds: float,
     labels = {op: model.problem.choices[op][c].label for op, c in chosen.items()}
     breakdown = [(op, tensor, moved) for op, c in chosen.items()
                  for tensor, moved in model.moved(op, c, assignment)]
-    latency = model.transfer_bytes * len(breakdown)
+    latency = model.transfer_bytes * sum(model.transfers(op, c, assignment)
+                                         for op, c in chosen.items()) \
+        if model.transfer_bytes else 0.0
     if evaluated:
         total -= work + latency
     return LevelResult(model.problem.k, tuple(assignment), states, labels, total, exact,
@@ -382,7 +409,10 @@ def level_models(graph: Graph, topology: Topology, entries: dict[str, OpEntry] |
                                     replicate_below=options.replicate_below, cache=cache)
     work, latency = flop_bytes(options), transfer_bytes(options)
     for index, level in enumerate(topology.levels):
-        model = LevelModel.build(problem, coarse, work, latency)
+        # A transfer between two groups of this level is one between each of their
+        # devices below (a device's share of the region): the price scales by their count.
+        below = math.prod(lv.ways for lv in topology.levels[index + 1:])
+        model = LevelModel.build(problem, coarse, work, latency * below)
         result = yield model
         if index + 1 < len(topology.levels):
             problem = sub_problem(problem, result.states, result.choices,

@@ -27,7 +27,7 @@ from tofu_tf.op_semantics.localize import LocalOp, localize
 from tofu_tf.op_semantics.memo import SemanticsMemo
 from tofu_tf.op_semantics.registry import Semantics
 from tofu_tf.search.cost import (ALL_REDUCE_FACTOR, REDUCE_SCATTER_FACTOR, Box, box_volume,
-                                 overlaps, tensor_states)
+                                 overlaps, partners, tensor_states)
 
 REPLICATE = "replicate"
 
@@ -321,12 +321,13 @@ class _Batch:
         self.count += 1
         return self.count - 1
 
-    def run(self) -> np.ndarray:
+    def run(self) -> tuple[np.ndarray, np.ndarray]:
+        """(overlap volumes, transfer pairs) of every box: cost.overlaps, cost.partners."""
         if not self.count:
-            return np.zeros((0, 1), dtype=np.int64)
+            return np.zeros((0, 1), dtype=np.int64), np.zeros((0, 1), dtype=np.int64)
         boxes = np.array(self.coords, dtype=np.int64).reshape(self.count, self.k, self.rank, 2)
         shapes = np.array(self.sizes, dtype=np.int64).reshape(self.count, self.rank)
-        return overlaps(boxes, shapes, self.k)
+        return overlaps(boxes, shapes, self.k), partners(boxes, shapes, self.k)
 
 
 
@@ -349,8 +350,8 @@ class _Columns:
 
 class OpVectors(Mapping):
     """op -> per choice [(tensor, bytes per stored state of that tensor)]: the cost
-    vectors. Ops of one geometry share one positional list (`positional`); tensor names
-    are resolved on first access."""
+    vectors. Ops of one geometry share one positional list (`positional`), which also
+    holds each vector's transfers per state; tensor names are resolved on first access."""
 
     def __init__(self, problem: Problem, unique: dict[str, list]):
         self.problem = problem
@@ -358,8 +359,10 @@ class OpVectors(Mapping):
         self._unique = unique               # ops without a geometry: their own vectors
         self._named: dict[str, list] = {}
 
-    def positional(self, op: str) -> list[list[tuple[tuple[str, int], np.ndarray]]]:
-        """Per choice [(("in"|"out", index), bytes per state)], shared by its geometry."""
+    def positional(self, op: str
+                   ) -> list[list[tuple[tuple[str, int], np.ndarray, np.ndarray]]]:
+        """Per choice [(("in"|"out", index), bytes per state, transfers per state)],
+        shared by its geometry."""
         key = self.problem.geometries[op]
         return self._unique[op] if key is None else self.problem.cache.vectors[key]
 
@@ -368,9 +371,15 @@ class OpVectors(Mapping):
         if named is None:
             problem_op = self.ops[op]
             named = self._named[op] = [
-                [(tensor_at(problem_op, position), vector) for position, vector in entries]
+                [(tensor_at(problem_op, position), vector) for position, vector, _ in entries]
                 for entries in self.positional(op)]
         return named
+
+    def transfers(self, op: str) -> list[list[tuple[str, np.ndarray]]]:
+        """Per choice [(tensor, transfers per state)], as `self[op]` holds bytes."""
+        problem_op = self.ops[op]
+        return [[(tensor_at(problem_op, position), count) for position, _, count in entries]
+                for entries in self.positional(op)]
 
     def __iter__(self):
         return iter(self.ops)
@@ -392,12 +401,12 @@ def cost_vectors(problem: Problem) -> OpVectors:
         if key not in finished and pending_key not in pending:
             pending[pending_key] = [_pending_entries(problem, op, choice, batch)
                                     for choice in problem.choices[op.name]]
-    volumes = batch.run()
+    volumes, pairs = batch.run()
     columns: dict[str, _Columns] = {}
     unique = {}
     for key, per_choice in pending.items():
-        vectors = [[_finish(problem, entry, volumes, rank, columns) for entry in entries]
-                   for entries in per_choice]
+        vectors = [[_finish(problem, entry, volumes, pairs, rank, columns)
+                    for entry in entries] for entries in per_choice]
         (unique if isinstance(key, str) else finished)[key] = vectors
     return OpVectors(problem, unique)
 
@@ -443,28 +452,41 @@ def _domain(boxes: tuple[Box, ...], shape: tuple[int, ...]) -> Box:
                  for pairs in zip(*boxes))
 
 
-def _finish(problem, entry, volumes, rank, columns) -> tuple[tuple[str, int], np.ndarray]:
-    """Bytes per stored state. Elements an outer level delivered (outside the stored part)
-    are counted there once per group; every further copy an inner device needs is counted
-    here, so the levels add up to the bytes each device really receives:
+def _finish(problem, entry, volumes, pairs, rank, columns
+            ) -> tuple[tuple[str, int], np.ndarray, np.ndarray]:
+    """(position, bytes per stored state, transfers per stored state). Bytes: elements an
+    outer level delivered (outside the stored part) are counted there once per group;
+    every further copy an inner device needs is counted here, so the levels add up to the
+    bytes each device really receives:
     fetch  += extra copies of delivered input elements (the same for every state);
-    convert, replicated state += (k - 1) x the stored elements produced outside the group."""
+    convert, replicated state += (k - 1) x the stored elements produced outside the group.
+    Transfers, as the emitter makes them: a fetch, the (receiver, holder) pairs whose
+    regions meet (cost.partners; none from R); a split output, the (producer, keeper)
+    pairs; a Partial one, the ring's k (k - 1) messages per pass (two for R); at least one
+    wherever bytes move."""
     kind, position, spec, first, second = entry
     found = columns.get(spec.name)
     if found is None:
         found = columns[spec.name] = _Columns.of(problem, spec.name, rank)
-    cols = found.cols
+    cols, k = found.cols, problem.k
     if kind == "fetch":
         row = volumes[first]
-        return position, spec.itemsize * (row[rank] - row[cols] + second)
-    if kind == "partial":                        # second: |domain|
-        return position, spec.itemsize * (problem.k - 1) * second * found.reduce_factors
-    produced_index, outside = second
-    copies = found.replicated * ((problem.k - 1) * outside)
-    if kind == "replicated":                     # every part produced the whole domain
-        return position, spec.itemsize * copies
-    held = volumes[first][cols]                  # sum_p |H_p(X) ∩ domain|
-    return position, spec.itemsize * (held - volumes[produced_index][cols] + copies)
+        moved = spec.itemsize * (row[rank] - row[cols] + second)
+        count = pairs[first][cols] * (1 - found.replicated)
+    elif kind == "partial":                      # second: |domain|
+        moved = spec.itemsize * (k - 1) * second * found.reduce_factors
+        count = k * (k - 1) * found.reduce_factors
+    else:
+        produced_index, outside = second
+        copies = found.replicated * ((k - 1) * outside)
+        if kind == "replicated":                 # every part produced the whole domain
+            moved = spec.itemsize * copies
+            count = np.zeros(len(cols), dtype=np.int64)
+        else:
+            held = volumes[first][cols]          # sum_p |H_p(X) ∩ domain|
+            moved = spec.itemsize * (held - volumes[produced_index][cols] + copies)
+            count = pairs[produced_index][cols]
+    return position, moved, np.where(moved > 0, np.maximum(count, 1), 0)
 
 
 # -- building problems ---------------------------------------------------------------------

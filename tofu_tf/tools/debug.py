@@ -165,7 +165,8 @@ def compare_step(imported: ImportedGraph, topology: Topology | str | int,
                                   plan=plan, expose=tensors)
     exposed = [EXPOSED + t.replace(":", "_") + ":0" for t in tensors]
     reports, culprit = [], None
-    with ImportedStep(imported) as single, Runner(optimized, values) as runner:
+    with ImportedStep(imported) as single, \
+            Runner(optimized, values, config=_exposing_config(optimized)) as runner:
         single.load(values)
         for step, batch in enumerate(batches):
             runner.load(single.values())
@@ -181,6 +182,41 @@ def compare_step(imported: ImportedGraph, topology: Topology | str | int,
                                  rtol, atol).culprit()
                 break
     return DebugReport(optimized.plan, tuple(reports), culprit)
+
+
+# The stack of each inter-op thread of the session that exposes every tensor.
+# TensorFlow's executor runs a ready node inline when its thread's queue (1024 nodes) is
+# full, and a node that completes a transfer readies the next: with thousands of exposed
+# tensors crossing devices at once (InceptionResNetV2 at 8 devices) that recursion
+# outgrows the default 8 MiB stack. The session gets its own threads, made with this
+# stack (address space, committed only as used).
+EXPOSING_STACK_BYTES = 1 << 30
+
+
+def _exposing_config(optimized):
+    config = session_config(optimized.num_devices)
+    if _default_thread_stack(EXPOSING_STACK_BYTES):
+        config.use_per_session_threads = True
+    return config
+
+
+@functools.lru_cache(maxsize=None)
+def _default_thread_stack(size: int) -> bool:
+    """Make `size` the stack of threads created from now on (glibc's
+    pthread_setattr_default_np); False where that is not available."""
+    import ctypes
+    import ctypes.util
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        attr = ctypes.create_string_buffer(128)          # >= sizeof(pthread_attr_t)
+        if libc.pthread_attr_init(attr) != 0:
+            return False
+        ok = (libc.pthread_attr_setstacksize(attr, ctypes.c_size_t(size)) == 0 and
+              libc.pthread_setattr_default_np(attr) == 0)
+        libc.pthread_attr_destroy(attr)
+        return ok
+    except (OSError, AttributeError):
+        return False
 
 
 def _diff(graph: Graph, t: str, got, want, rtol: float, atol: float) -> TensorDiff:
