@@ -32,6 +32,7 @@ APPLICATIONS = {
     "efficientnetv2b0": ("EfficientNetV2B0", 32), "xception": ("Xception", 71),
     "inceptionv3": ("InceptionV3", 75), "nasnetmobile": ("NASNetMobile", 32),
     "convnexttiny": ("ConvNeXtTiny", 32), "mobilenetv3large": ("MobileNetV3Large", 32),
+    "inceptionresnetv2": ("InceptionResNetV2", 75),
 }
 # keras_hub backbones, built from config at a tiny size (no preset, no download).
 BACKBONES = {
