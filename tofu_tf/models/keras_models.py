@@ -41,7 +41,10 @@ BACKBONES = {
     "opt": "OPTBackbone", "gpt_neox": "GPTNeoXBackbone", "bloom": "BloomBackbone",
     "llama": "LlamaBackbone", "mistral": "MistralBackbone", "gemma": "GemmaBackbone",
     "qwen": "QwenBackbone", "phi3": "Phi3Backbone", "falcon": "FalconBackbone",
-    "deberta_v3": "DebertaV3Backbone",
+    "deberta_v3": "DebertaV3Backbone", "llama3": "Llama3Backbone", "qwen2": "Qwen2Backbone",
+    "qwen3": "Qwen3Backbone", "fnet": "FNetBackbone", "xlnet": "XLNetBackbone",
+    "esm2": "ESM2Backbone", "xlm_roberta": "XLMRobertaBackbone",
+    "roformer_v2": "RoformerV2Backbone", "gpt_oss": "GptOssBackbone",
 }
 IMAGE_MODELS = tuple(APPLICATIONS)
 TEXT_MODELS = tuple(BACKBONES)
@@ -92,7 +95,8 @@ def _backbone_config(cls, seq_len: int, hidden: int, vocab: int) -> dict:
              "num_key_value_heads": 1, "hidden_dim": hidden, "intermediate_dim": 2 * hidden,
              "embedding_dim": hidden, "head_dim": hidden // 2, "key_value_dim": hidden // 2,
              "max_sequence_length": seq_len, "num_groups": 1, "num_inner_repetitions": 1,
-             "dropout": 0.0}
+             "dropout": 0.0, "head_size": hidden // 2, "num_experts": 4, "top_k": 2,
+             "num_experts_per_tok": 2}
     parameters = inspect.signature(cls.__init__).parameters
     return {k: v for k, v in sizes.items() if k in parameters}
 
