@@ -44,6 +44,22 @@ def _classifier(shape, layers, integer_inputs: int = 0):
     return build
 
 
+def _causal_block():
+    import keras
+
+    class CausalBlock(keras.layers.Layer):
+        """x + causal multi-head self-attention(x), layer-normalised."""
+
+        def __init__(self):
+            super().__init__()
+            self.attention = keras.layers.MultiHeadAttention(2, 4)
+            self.norm = keras.layers.LayerNormalization()
+
+        def call(self, x):
+            return self.norm(x + self.attention(x, x, use_causal_mask=True))
+    return CausalBlock()
+
+
 def _layers():
     import keras
     L = keras.layers
@@ -90,6 +106,16 @@ def _layers():
         "conv1d-conv3d-groups": _classifier((5, 6, 6, 4), lambda: [
             L.Conv3D(4, 3, padding="same"), L.Conv3D(8, 3, strides=(1, 2, 2), groups=2),
             L.Reshape((3 * 2, 16)), L.Conv1D(8, 3, groups=4, padding="causal")]),
+        # Causal self-attention with a residual and layer norm; a bidirectional unrolled
+        # LSTM under a time-distributed head; transposed convolutions with output padding.
+        "attention-causal-norm": _classifier((6, 8), lambda: [
+            _causal_block(), L.GlobalMaxPooling1D()]),
+        "bidirectional-timedistributed": _classifier((6, 4), lambda: [
+            L.Bidirectional(L.LSTM(5, return_sequences=True, unroll=True)),
+            L.TimeDistributed(L.Dense(3))]),
+        "conv-transpose-output-padding": _classifier((5, 5, 3), lambda: [
+            L.Conv2DTranspose(4, 3, strides=2, output_padding=1),
+            L.Conv2DTranspose(4, (2, 3), strides=(1, 2), padding="same")]),
         # TensorFlow's 3-D max pooling has no float64 kernel: this one runs in float32.
         "conv3d-pool3d": _classifier((6, 7, 6, 2), lambda: [
             L.Conv3D(4, 3, strides=(1, 2, 1), padding="same", activation="relu"),
@@ -100,7 +126,8 @@ def _layers():
 LAYERS = ["conv1d-dilated-causal", "conv2d-dilated-same", "conv2d-transpose-separable",
           "pools-crops-groupnorm", "resize-bilinear-nearest", "embedding-gru-unrolled",
           "roll-shifted-windows", "pixel-shuffle-band", "conv3d-pool3d", "conv-groups",
-          "conv1d-conv3d-groups"]
+          "conv1d-conv3d-groups", "attention-causal-norm", "bidirectional-timedistributed",
+          "conv-transpose-output-padding"]
 FLOAT32 = {"conv3d-pool3d"}
 # The op types that stand in for a layer (TensorFlow's lowering), per model.
 BLOCKED = {"SpaceToBatchND", "BatchToSpaceND"}
