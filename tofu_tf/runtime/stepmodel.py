@@ -58,7 +58,7 @@ _FAMILY_OF = {
                      "BiasAddGrad", "AddN", "Softmax", "LogSoftmax",
                      "SparseSoftmaxCrossEntropyWithLogits", "SoftmaxCrossEntropyWithLogits",
                      "FusedBatchNormV3", "FusedBatchNormGradV3", "UnsortedSegmentSum",
-                     "Cumsum", "Cumprod"), "reduce"),
+                     "Cumsum", "Cumprod", "TopKV2"), "reduce"),
     **dict.fromkeys(("Slice", "StridedSlice", "StridedSliceGrad", "ConcatV2", "Pad", "PadV2",
                      "MirrorPad", "Transpose", "Tile", "GatherV2", "ResourceGather",
                      "Fill", "Pack", "Unpack", "Split", "SplitV", "ZerosLike", "OnesLike",

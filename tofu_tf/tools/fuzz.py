@@ -7,7 +7,7 @@ A step is a random DAG of described ops on float64 placeholders and variables (e
 unary and binary ops, broadcasting, MatMul with transposes, BatchMatMulV2, Conv2D with random
 strides and padding, dilated and grouped (XLA-compiled) convolutions, pooling, bilinear
 and nearest resizing, reductions, Reshape, Transpose, Softmax, ConcatV2, Slice, Pad, Roll,
-Tile, DepthToSpace, SpaceToDepth, MatrixBandPart, BiasAdd), a scalar loss over every leaf,
+Tile, DepthToSpace, SpaceToDepth, MatrixBandPart, TopKV2, BiasAdd), a scalar loss over every leaf,
 TensorFlow's gradients for every variable and an SGD update: the partitioned graph must
 give the same loss and the same updated variables over `STEPS` steps. Shapes are static
 and chosen so every op is valid; every choice goes through the `Chooser`, so a hypothesis
@@ -174,6 +174,7 @@ class _Builder:
             "pad": self._pad, "bias": self._bias, "dilated": self._dilated,
             "resize": self._resize, "roll": self._roll, "tile": self._tile,
             "blocks": self._blocks, "band": self._band, "grouped": self._grouped,
+            "top_k": self._top_k,
         }
         kind = self.chooser.choice(sorted(kinds))
         out = kinds[kind]()
@@ -235,6 +236,15 @@ class _Builder:
         f = self._variable((kh, kw, x.shape[3], c.integer(1, 4)))
         # no dilations: TensorFlow's CPU filter gradient has no kernel for them
         return tf.nn.conv2d(x, f, strides=stride, padding=padding)
+
+    def _top_k(self):
+        """The k largest of each row (TopKV2): values times their positions."""
+        import tensorflow as tf
+        x = self._pick(rank=2)
+        if x is None:
+            return None
+        values, indices = tf.math.top_k(x, k=self.chooser.integer(1, x.shape[1]))
+        return values * tf.cast(indices + 1, values.dtype)
 
     def _grouped(self):
         """A grouped Conv2D (filter of C / G input channels), compiled with XLA as Keras

@@ -84,6 +84,25 @@ def arg_reduce(ctx):
     ctx.compute_nd(body)
 
 
+@semantics("TopKV2")
+def top_k(ctx):
+    """values, indices[lead.., j] = the j-th largest of x[lead.., :] and its position: each
+    row is read whole, and the k positions come from one sort of it (a part holding some
+    of them would rank its own)."""
+    x = ctx.inputs[0]
+    ctx.const(1)
+    last = x.rank - 1
+    for output, name in enumerate(("top_k_values", "top_k_indices")):
+        def body(idx, name=name):
+            def element(r):
+                return x[tuple(idx[:last]) + (r,)]
+            return Opaque(name, idx[last], ReduceN("window", element, [x.shape[last]],
+                                                   names=[_reduced_name(last)]))
+        ctx.compute_nd(body, output=output)
+    ctx.unsplittable(f"d{last}", "TopKV2 ranks the whole row: a part of the k positions "
+                                 "is not the top k of a part")
+
+
 @semantics("L2Loss")
 def l2_loss(ctx):
     """sum(x^2) / 2 over every dim: each dim splits into a partial sum."""

@@ -42,6 +42,13 @@ for op_type in ("ArgMax", "ArgMin"):
                                                            output_type=tf.int32),
            arg((4, 6)), const(-1, "int64"))
 
+# Random floats: no ties among a row's values, so the indices do not depend on the order
+# the kernel compares them in.
+sample("TopKV2", "k 3, rank 3", lambda x, k: tf.raw_ops.TopKV2(input=x, k=k),
+       arg((4, 3, 7)), const(3, "int32"))
+sample("TopKV2", "k 1, rank 2, int64 k", lambda x, k: tf.raw_ops.TopKV2(input=x, k=k),
+       arg((6, 5)), const(1, "int64"))
+
 sample("L2Loss", "rank 2", lambda x: tf.raw_ops.L2Loss(t=x), arg((4, 6)))
 sample("L2Loss", "rank 3", lambda x: tf.raw_ops.L2Loss(t=x), arg((2, 3, 5)))
 sample("BiasAddGrad", "NHWC", lambda dy: tf.raw_ops.BiasAddGrad(out_backprop=dy),
