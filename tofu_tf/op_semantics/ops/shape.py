@@ -22,7 +22,7 @@ from tofu_tf.op_semantics.helpers import broadcast, normalize_axes, normalize_ax
 from tofu_tf.op_semantics.hooks import (named, const_ints, const_ints_of, set_item, sizes, crop_or_none, split_dim, shifted, zero_padded, crop_split_outputs, shape_const_hook)
 from tofu_tf.op_semantics.localize import replace
 from tofu_tf.op_semantics.registry import opaque, semantics
-from tofu_tf.op_semantics.tdl import Const, Eq, Fn, Sum, where
+from tofu_tf.op_semantics.tdl import Const, Eq, Fn, Prod, Sum, where
 
 # -- Reshape ------------------------------------------------------------------------------
 
@@ -678,6 +678,27 @@ def cumsum(ctx):
     ctx.compute_nd(lambda idx: Sum(lambda r: term(idx, r), extents=(max(size, 1),)))
     ctx.unsplittable("r", "a part of the scan offsets is a window sum, which no single "
                           "local Cumsum computes; the scan axis itself splits")
+
+
+@semantics("Cumprod", localize=_cumsum_local)
+def cumprod(ctx):
+    """y[i] = prod_r x[i - r] (x[i + r] reversed; one further when exclusive), r >= 0 within
+    x. The scan axis is read whole: a part's products would need the parts before it. The
+    other dims split; the element an exclusive scan never reads is zero-padded back, as
+    for Cumsum."""
+    x = ctx.inputs[0]
+    axis = normalize_axis(const_ints_of(ctx, 1)[0], x.rank)
+    reverse, shift = bool(ctx.attr("reverse")), int(bool(ctx.attr("exclusive")))
+    size = x.shape[axis]
+
+    def term(idx, r):
+        j = idx[axis] + r + shift if reverse else idx[axis] - r - shift
+        inside = j < size if reverse else j >= 0
+        return where(inside, x[idx[:axis] + (j,) + idx[axis + 1:]], 1)
+    ctx.compute_nd(lambda idx: Prod(lambda r: term(idx, r), extents=(max(size, 1),)))
+    reason = "a running product reads every element before it along the scan axis"
+    ctx.unsplittable("r", reason)
+    ctx.unsplittable(f"d{axis}", reason)
 
 
 # -- shape queries --------------------------------------------------------------------------

@@ -136,6 +136,10 @@ for exclusive in (False, True):
         sample("Cumsum", f"exclusive={exclusive} reverse={reverse}",
                lambda x, e=exclusive, r=reverse: tf.cumsum(x, 1, exclusive=e, reverse=r),
                arg((3, 7)))
+        sample("Cumprod", f"exclusive={exclusive} reverse={reverse}",
+               lambda x, e=exclusive, r=reverse: tf.math.cumprod(x, 1, exclusive=e,
+                                                                 reverse=r),
+               arg((4, 6, 3), low=0.5, high=1.5))
 
 sample("Shape", "rank 3", lambda x: tf.raw_ops.Shape(input=x), arg((4, 5, 6)))
 sample("ShapeN", "two", lambda a, b: tf.raw_ops.ShapeN(input=[a, b])[0], arg((4, 5, 6)),
