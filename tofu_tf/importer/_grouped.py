@@ -52,9 +52,9 @@ def ungroup(graph_def: graph_pb2.GraphDef, shapes: Shapes) -> graph_pb2.GraphDef
     itself when none is grouped."""
     replacements: dict[str, list[node_def_pb2.NodeDef]] = {}
     for node in graph_def.node:
-        groups = _groups(node, shapes)
-        if groups > 1:
-            replacements[node.name] = _rewritten(node, groups, shapes)
+        grouping = _grouping(node, shapes)
+        if grouping is not None:
+            replacements[node.name] = _rewritten(node, *grouping, shapes)
     if not replacements:
         return graph_def
     return _rebuild(graph_def, replacements, {})
@@ -64,45 +64,37 @@ def _shape(tensor: str, shapes: Shapes) -> tuple[int, ...] | None:
     return shapes[node_of(tensor)][_output_index(tensor)][0]
 
 
+def _static(shape) -> bool:
+    return shape is not None and -1 not in shape
+
+
 def _channel_axis(node: node_def_pb2.NodeDef, rank: int) -> int:
     data_format = node.attr["data_format"].s.decode() if "data_format" in node.attr else ""
     return 1 if data_format.startswith("NC") else rank - 1
 
 
-def _data_shapes(node: node_def_pb2.NodeDef, shapes: Shapes) -> tuple[tuple, tuple] | None:
-    """(a data-shaped tensor's shape, the filter's shape) of a convolution node."""
+def _grouping(node: node_def_pb2.NodeDef, shapes: Shapes) -> tuple[int, tuple, tuple] | None:
+    """(G, a data-shaped tensor's shape, the filter's shape) of a grouped convolution
+    (its input channels over the filter's, G > 1); None for any other node."""
+    if node.op not in _GROUPED or node.name not in shapes:
+        return None
     roles, out_role = _GROUPED[node.op]
     inputs = [i for i in node.input if not i.startswith("^")]
     out = shapes[node.name][0][0]
     data = out if out_role == "data" else _shape(inputs[roles.index("data")], shapes)
     kernel = out if out_role == "filter" else _shape(inputs[roles.index("filter")], shapes)
-    if data is None or kernel is None or -1 in data or -1 in kernel:
-        return None
-    return data, kernel
-
-
-def _groups(node: node_def_pb2.NodeDef, shapes: Shapes) -> int:
-    """G of a grouped convolution (its input channels over the filter's), else 1."""
-    if node.op not in _GROUPED or node.name not in shapes:
-        return 1
-    found = _data_shapes(node, shapes)
-    if found is None:
-        return 1
-    data, kernel = found
-    roles, out_role = _GROUPED[node.op]
-    inputs = [i for i in node.input if not i.startswith("^")]
     # The input's channels: the output's for a backprop-input, else the first data input.
-    source = data if out_role == "data" and roles[0] == "sizes" else \
-        _shape(inputs[0], shapes)
-    if source is None or -1 in source:
-        return 1
+    source = data if roles[0] == "sizes" else _shape(inputs[0], shapes)
+    if not (_static(data) and _static(kernel) and _static(source)) or not kernel[-2]:
+        return None
     channels = source[_channel_axis(node, len(source))]
-    return channels // kernel[-2] if kernel[-2] and channels != kernel[-2] else 1
+    if channels == kernel[-2]:
+        return None
+    return channels // kernel[-2], data, kernel
 
 
-def _rewritten(node: node_def_pb2.NodeDef, groups: int, shapes: Shapes
-               ) -> list[node_def_pb2.NodeDef]:
-    data, kernel = _data_shapes(node, shapes)
+def _rewritten(node: node_def_pb2.NodeDef, groups: int, data: tuple, kernel: tuple,
+               shapes: Shapes) -> list[node_def_pb2.NodeDef]:
     depthwise = (node.op in _DEPTHWISE and kernel[-2] == 1
                  and _channel_axis(node, len(data)) == len(data) - 1
                  and all(d == 1 for d in node.attr["dilations"].list.i))

@@ -661,11 +661,9 @@ def _cumsum_local(ctx, local):
                    output_crops=(crop_or_none(crop, local_y),))
 
 
-@semantics("Cumsum", localize=_cumsum_local)
-def cumsum(ctx):
-    """y[i] = sum_r x[i - r] (x[i + r] reversed; one further when exclusive), r >= 0 within
-    x: a part of the scan axis reads its prefix. The offset r does not split: no single
-    local Cumsum yields a window of offsets."""
+def _scan(ctx, reducer, outside: int) -> int:
+    """y[i] = reducer_r x[i - r] (x[i + r] reversed; one further when exclusive), r >= 0,
+    `outside` past the axis's ends (the reducer's identity). Returns the scan axis."""
     x = ctx.inputs[0]
     axis = normalize_axis(const_ints_of(ctx, 1)[0], x.rank)
     reverse, shift = bool(ctx.attr("reverse")), int(bool(ctx.attr("exclusive")))
@@ -674,28 +672,26 @@ def cumsum(ctx):
     def term(idx, r):
         j = idx[axis] + r + shift if reverse else idx[axis] - r - shift
         inside = j < size if reverse else j >= 0
-        return where(inside, x[idx[:axis] + (j,) + idx[axis + 1:]], 0)
-    ctx.compute_nd(lambda idx: Sum(lambda r: term(idx, r), extents=(max(size, 1),)))
+        return where(inside, x[idx[:axis] + (j,) + idx[axis + 1:]], outside)
+    ctx.compute_nd(lambda idx: reducer(lambda r: term(idx, r), extents=(max(size, 1),)))
+    return axis
+
+
+@semantics("Cumsum", localize=_cumsum_local)
+def cumsum(ctx):
+    """A running sum (_scan): a part of the scan axis reads its prefix. The offset r does
+    not split: no single local Cumsum yields a window of offsets."""
+    _scan(ctx, Sum, 0)
     ctx.unsplittable("r", "a part of the scan offsets is a window sum, which no single "
                           "local Cumsum computes; the scan axis itself splits")
 
 
 @semantics("Cumprod", localize=_cumsum_local)
 def cumprod(ctx):
-    """y[i] = prod_r x[i - r] (x[i + r] reversed; one further when exclusive), r >= 0 within
-    x. The scan axis is read whole: a part's products would need the parts before it. The
-    other dims split; the element an exclusive scan never reads is zero-padded back, as
-    for Cumsum."""
-    x = ctx.inputs[0]
-    axis = normalize_axis(const_ints_of(ctx, 1)[0], x.rank)
-    reverse, shift = bool(ctx.attr("reverse")), int(bool(ctx.attr("exclusive")))
-    size = x.shape[axis]
-
-    def term(idx, r):
-        j = idx[axis] + r + shift if reverse else idx[axis] - r - shift
-        inside = j < size if reverse else j >= 0
-        return where(inside, x[idx[:axis] + (j,) + idx[axis + 1:]], 1)
-    ctx.compute_nd(lambda idx: Prod(lambda r: term(idx, r), extents=(max(size, 1),)))
+    """A running product (_scan). The scan axis is read whole: a part's products would
+    need the parts before it. The other dims split; the element an exclusive scan never
+    reads is zero-padded back, as for Cumsum."""
+    axis = _scan(ctx, Prod, 1)
     reason = "a running product reads every element before it along the scan axis"
     ctx.unsplittable("r", reason)
     ctx.unsplittable(f"d{axis}", reason)
