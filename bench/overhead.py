@@ -156,6 +156,9 @@ def _row(config, model, medium, devices, steps, step, optimized, whole, profile,
         "profile": {"traced_seconds": profile.wall_seconds, **profile.totals()},
         "profile_single": {"traced_seconds": whole.wall_seconds, **whole.totals()},
         "bars": profile.bars(40),
+        # the stage count the plan runs (Options.pipeline_stages = 0: the search's choice)
+        "stages": max(optimized.plan.stages.values()) + 1 if optimized.plan.stages else 1,
+        "peak_bytes": optimized.plan.peak_bytes,
         "plan_bytes": optimized.plan.total_bytes,
         "predicted_bytes": optimized.plan.predicted_bytes,
         "ledger_step_bytes": optimized.ledger.step_bytes, "timing": "paired"}
@@ -164,6 +167,11 @@ def _row(config, model, medium, devices, steps, step, optimized, whole, profile,
           f"{row['transfers']} transfers"
           + (f", {devices} copies {floor:.2f}x" if floor else ""), flush=True)
     return row
+
+
+def _human(num_bytes: float) -> str:
+    from tofu_tf.search.plan import human_bytes
+    return human_bytes(num_bytes)
 
 
 def _ms(seconds: float) -> str:
@@ -185,6 +193,7 @@ def setting(row: dict) -> str:
             + (f", replicated < {below}" if below else "")
             + (f", once < {once}" if once else "") + price
             + (f", {stages} stages" if stages > 1 else "")
+            + (f", stages searched ({row['stages']})" if stages == 0 else "")
             + (f", {micro} micro-batches" if micro > 1 else "")
             + (", oneDNN" if row.get("onednn") else ""))
 
@@ -201,7 +210,8 @@ def table(stored: dict) -> str:
                f"{r['copies_ratio']:.2f}" if r.get("copies_ratio") else "",
                r["nodes_single"], f"{r['nodes_per_device']:.0f}", r.get("transfers", ""),
                f"{r['plan_bytes']:.0f}",
-               r["predicted_bytes"], r["ledger_step_bytes"]] for r in rows]
+               r["predicted_bytes"], r["ledger_step_bytes"],
+               _human(r["peak_bytes"]) if "peak_bytes" in r else ""] for r in rows]
     def executor(p: dict) -> str:
         if "executor" in p:
             return _ms(p["executor"])
@@ -230,7 +240,9 @@ def table(stored: dict) -> str:
         "(`Options.flop_bytes` at the profile's rate, the default since it exists; rows "
         "without a price moved the fewest bytes); transfers n: `Options.transfer_bytes` = n "
         "(0, the default: transfers only break ties); bytes only: both 0; S stages: "
-        "`Options.pipeline_stages` = S (each op on one of S device groups); M micro-batches: "
+        "`Options.pipeline_stages` = S (each op on one of S device groups); stages searched "
+        "(S): `Options.pipeline_stages` = 0, the search kept the S predicted fastest; plan "
+        "peak: the plan's estimated peak bytes per device (newer rows); M micro-batches: "
         "the step (and the unpartitioned one it is timed against) accumulates gradients over "
         "M slices of its batch; oneDNN: TensorFlow's oneDNN CPU kernels on "
         "(`TF_ENABLE_ONEDNN_OPTS=1`; other rows: its own kernels). N copies: N whole copies of the unpartitioned step, one per device, in one "
@@ -242,7 +254,8 @@ def table(stored: dict) -> str:
         markdown_table(["config", "devices", "options", "code", "cpu", "timing",
                         "unpartitioned ms",
                         "partitioned ms", "ratio", "N copies", "nodes", "nodes per device",
-                        "transfers", "search model B", "predicted B", "ledger B"], timing),
+                        "transfers", "search model B", "predicted B", "ledger B",
+                        "plan peak per device"], timing),
         "",
         "## Where the time goes (one traced step, ms summed over devices)",
         "",
@@ -271,7 +284,7 @@ def main(argv) -> int:
                    + (f":once{row['compute_once_below']}" if row["compute_once_below"] else "")
                    + (f":fb{row['flop_bytes']}:tb{row.get('transfer_bytes', 0.0)}"
                       if "flop_bytes" in row else "")
-                   + (f":ps{row['pipeline_stages']}" if row["pipeline_stages"] > 1 else "")
+                   + (f":ps{row['pipeline_stages']}" if row["pipeline_stages"] != 1 else "")
                    + (f":mb{row['micro_batches']}" if row["micro_batches"] > 1 else "")
                    + (":onednn" if row["onednn"] else "") + f":{row['code']}")
             stored["rows"][key] = row
