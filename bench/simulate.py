@@ -249,11 +249,50 @@ def graph_section() -> dict:
                      "held_out": held, "measured": r["measured"],
                      "predicted": predicted.seconds, "work_bound": predicted.work_bound,
                      "path_bound": predicted.path_bound, "error": error,
-                     "nodes": len(r["step"].nodes), "edges": r["step"].edges})
+                     "nodes": len(r["step"].nodes), "edges": r["step"].edges,
+                     "kernels": kernel_sums(r["samples"], kernels)})
     summary = {k: {"median": statistics.median(v), "worst": max(v), "runs": len(v)}
                for k, v in errors.items() if v}
     return {"rows": rows, "errors": summary, "command": " ".join(sys.argv),
             "calibration": stepmodel.Calibration(kernels, executor).to_json()}
+
+
+def kernel_sums(samples, kernels) -> dict[str, list[float]]:
+    """Per family: [measured kernel seconds, the laws' seconds] summed over a traced step's
+    nodes (the kernels' wall times: kernels that ran at once each count whole)."""
+    sums: dict[str, list[float]] = {}
+    for node, seconds in samples:
+        pair = sums.setdefault(node.family, [0.0, 0.0])
+        pair[0] += seconds
+        pair[1] += kernels.seconds(node)
+    return sums
+
+
+def kernel_table(rows: list[dict]) -> list[str]:
+    """Where the model misses, per run: the kernels' wall times against the laws, and
+    against the step (kernels / step > 1: kernels overlapped), and the family whose
+    summed kernels the laws miss most."""
+    table = []
+    for r in rows:
+        sums = r.get("kernels")
+        if not sums:
+            continue
+        measured = sum(m for m, _ in sums.values())
+        law = sum(p for _, p in sums.values())
+        worst = max(sums, key=lambda f: abs(sums[f][0] - sums[f][1]))
+        table.append([r["config"], r["devices"], "yes" if r["held_out"] else "",
+                      _ms(r["measured"]), _ms(measured), _ms(law),
+                      f"{measured / r['measured']:.2f}",
+                      f"{worst}: {_ms(sums[worst][0])} / {_ms(sums[worst][1])}"])
+    if not table:
+        return []
+    return ["Kernels against the laws (one traced step; ms): measured kernels sum each "
+            "kernel's wall time, so kernels that ran at once (on the inter-op threads, or "
+            "on other devices) each count whole; kernels / step above 1 is that overlap. "
+            "Largest miss: the family whose summed kernels differ most from its laws, "
+            "measured / laws.", "",
+            markdown_table(["config", "devices", "held out", "step ms", "kernels ms",
+                            "laws ms", "kernels / step", "largest miss"], table), ""]
 
 
 def _ms(seconds: float) -> str:
@@ -283,6 +322,7 @@ def render(stored: dict) -> str:
         for name, e in graph["errors"].items():
             lines.append(f"- {name.replace('_', '-')} ({e['runs']} runs): median "
                          f"{e['median']:.0%}, worst {e['worst']:.0%}")
+        lines += [""] + kernel_table(graph["rows"])
         lines += ["", f"Executor: {ex['node_overhead'] * 1e6:.2f} us per node, "
                   f"{ex['edge_cost'] * 1e6:.2f} us per cross-device edge, "
                   f"{ex['edge_latency'] * 1e6:.2f} us edge latency, {ex['cores']} cores, "
