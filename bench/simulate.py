@@ -58,6 +58,9 @@ flags.DEFINE_integer("medium_steps", 3, "graph: timed steps of a medium config")
 flags.DEFINE_enum("device", "cpu", ["cpu", "gpu"], "graph: cpu (logical CPU devices at "
                   "--device_counts) or gpu (unpartitioned steps on GPU:0 only, one GPU: the "
                   "kernel laws and the executor there, results under graph_gpu)")
+flags.DEFINE_enum("kernel_time", "share", ["share", "wall"], "graph: the kernel time the "
+                  "laws are fitted to: share (each moment of a kernel's run over the kernels "
+                  "running then: stepmodel.kernel_shares) or wall (its traced wall time)")
 flags.DEFINE_string("runs_cache", None, "graph: keep the measured runs in this pickle and "
                     "reuse them when it exists (refit the model without measuring again)")
 
@@ -210,11 +213,9 @@ def graph_runs(configs: list[str], counts: list[int]) -> list[dict]:
             stats, _ = step_stats(runner.session, fetches, feeds)
             runner.close()
             graph = stepmodel.step_graph(graph_def, fetches)
-            kernel = stepmodel.kernel_times(stats)
             runs.append({"config": config, "devices": n, "medium": medium,
                          "measured": best[n], "step": graph,
-                         "samples": [(node, kernel[node.name]) for node in graph.nodes
-                                     if node.name in kernel]})
+                         "step_stats": stats.SerializeToString()})
             print(f"{config} @{n}: {1e3 * best[n]:.2f} ms, {len(graph.nodes)} nodes, "
                   f"{graph.edges} cross-device edges", flush=True)
     return runs
@@ -235,6 +236,8 @@ def graph_section() -> dict:
         if cache is not None:
             cache.write_bytes(pickle.dumps(runs))
     fitting = [r for r in runs if r["config"] not in HELD_OUT]
+    for r in runs:
+        r["samples"] = kernel_samples(r)
     kernels = stepmodel.fit_kernels([s for r in fitting for s in r["samples"]])
     cores = 1 if FLAGS.device == "gpu" else os.cpu_count() or 1   # one stream
     executor = stepmodel.fit_executor([(r["step"], r["measured"]) for r in fitting],
@@ -255,6 +258,18 @@ def graph_section() -> dict:
                for k, v in errors.items() if v}
     return {"rows": rows, "errors": summary, "command": " ".join(sys.argv),
             "calibration": stepmodel.Calibration(kernels, executor).to_json()}
+
+
+def kernel_samples(run: dict) -> list:
+    """(node, seconds) of a run's traced kernels: each kernel's share of the step
+    (`--kernel_time=share`) or its wall time."""
+    from tensorflow.core.framework import step_stats_pb2
+
+    from tofu_tf.runtime import stepmodel
+    stats = step_stats_pb2.StepStats.FromString(run["step_stats"])
+    times = (stepmodel.kernel_shares(stats) if FLAGS.kernel_time == "share"
+             else stepmodel.kernel_times(stats))
+    return [(node, times[node.name]) for node in run["step"].nodes if node.name in times]
 
 
 def kernel_sums(samples, kernels) -> dict[str, list[float]]:
@@ -286,9 +301,11 @@ def kernel_table(rows: list[dict]) -> list[str]:
                       f"{worst}: {_ms(sums[worst][0])} / {_ms(sums[worst][1])}"])
     if not table:
         return []
-    return ["Kernels against the laws (one traced step; ms): measured kernels sum each "
-            "kernel's wall time, so kernels that ran at once (on the inter-op threads, or "
-            "on other devices) each count whole; kernels / step above 1 is that overlap. "
+    return ["Kernels against the laws (one traced step; ms): measured kernels sum the "
+            "kernel times the laws are fitted to (`--kernel_time`: shares, each moment of a "
+            "kernel's run over the kernels running then, add up to the busy time; wall "
+            "times count kernels that ran at once, on the inter-op threads or on other "
+            "devices, each whole, and kernels / step above 1 is that overlap). "
             "Largest miss: the family whose summed kernels differ most from its laws, "
             "measured / laws.", "",
             markdown_table(["config", "devices", "held out", "step ms", "kernels ms",

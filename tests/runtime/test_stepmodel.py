@@ -63,6 +63,28 @@ def test_fit_kernels_recovers_a_family_law():
     assert "Conv2D" not in laws and "conv" in laws      # too few for a law of its own
 
 
+def test_kernel_shares_split_overlapping_kernels_and_keep_lone_ones():
+    """Device 0: a runs 0-10 us, b 4-8 us; device 1: c 6-14 us, and a second entry named
+    a (16-18 us; entries of one name add up); z takes no time. At each moment the running kernels share
+    it equally; the shares add up to the busy time, the wall times do not."""
+    from tensorflow.core.framework import step_stats_pb2
+    stats = step_stats_pb2.StepStats()
+    for device, runs in (("cpu:0", [("a", 0, 10), ("b", 4, 8), ("z", 5, 5)]),
+                         ("cpu:1", [("c", 6, 14), ("a", 16, 18)])):
+        dev = stats.dev_stats.add(device=device)
+        for name, start, end in runs:
+            dev.node_stats.add(node_name=name, all_start_micros=100 + start,
+                               op_start_rel_micros=0, op_end_rel_micros=end - start)
+    shares = stepmodel.kernel_shares(stats)
+    # 0-4: a alone; 4-6: a, b; 6-8: a, b, c; 8-10: a, c; 10-14: c alone; 16-18: a alone
+    assert shares["a"] == pytest.approx((4 + 2 / 2 + 2 / 3 + 2 / 2 + 2) * 1e-6)
+    assert shares["b"] == pytest.approx((2 / 2 + 2 / 3) * 1e-6)
+    assert shares["c"] == pytest.approx((2 / 3 + 2 / 2 + 4) * 1e-6)
+    assert shares["z"] == 0.0
+    assert sum(shares.values()) == pytest.approx(16e-6)          # busy 0-14 and 16-18
+    assert sum(stepmodel.kernel_times(stats).values()) == pytest.approx(24e-6)
+
+
 def test_step_graph_sees_every_node_and_the_cross_device_edges():
     step = build("mlp", optimizer="sgd", graph_only=True, batch_size=8)
     optimized = optimize(step.graph_def, step.fetches, feeds=list(step.feeds), num_devices=4)

@@ -16,9 +16,11 @@ emitter wrote (or the unpartitioned graph, N = 1):
   of waiting before the consumer may start; per step `step_overhead` (the session's
   dispatch, feeds and fetches).
 - sharing: a kernel's throughput part (bytes and flops) runs on TensorFlow's intra-op
-  threads and keeps `utilization` of the C cores busy on average (fitted: the laws come
-  from kernels timed while others ran, so it may exceed C): when devices run kernels at
-  once, the cores are the limit. The fixed parts and the executor's run one per inter-op
+  threads and keeps `utilization` of the C cores busy on average (fitted): when devices
+  run kernels at once, the cores are the limit. The laws are fitted to each kernel's
+  share of the step (`kernel_shares`: each moment of its run over the kernels running
+  then), not to its wall time: kernels that run at once slow each other, and their wall
+  times add up to up to 2.5x the step (bench/results/simulate.md). The fixed parts and the executor's run one per inter-op
   thread: C of them at once. Hence the work bound
       W = (utilization x sum(throughput parts) + sum(fixed parts) + nodes x node_overhead
            + edges x edge_cost) / C,
@@ -26,13 +28,14 @@ emitter wrote (or the unpartitioned graph, N = 1):
   sequential chain included) with each cross-device edge adding `edge_latency`. The model
   predicts max(W, P) + step_overhead.
 
-The kernel laws are fitted on the kernels of traced steps (unpartitioned and partitioned),
-then the executor's constants on whole-step wall times (`fit_executor`); calibration and
-evaluation take different configs (bench/simulate.py). What the model misses, measured
-there: one large kernel's time is not a function of its bytes and flops alone (the same
-1.07 GFLOP convolution input gradient took 12 to 249 ms in one step), and the laws,
-fitted mostly on partitioned steps' smaller kernels, underestimate an unpartitioned
-medium step's large ones.
+The kernel laws are fitted on the kernel shares of traced steps (unpartitioned and
+partitioned), then the executor's constants on whole-step wall times (`fit_executor`);
+calibration and evaluation take different configs (bench/simulate.py). What the model
+misses, measured there: a kernel's time is not a function of its bytes and flops alone.
+TensorFlow's own CPU kernels reach 59 GFLOP/s on an LSTM's 1.07 GFLOP MatMul (64 rows)
+and 234 GFLOP/s on a Transformer's of the same flops (2048 rows); a convolution's input
+gradient 1.2 to 48 GFLOP/s at one flop count (slowest with a 3x3x1024x1024 filter on a
+2x2 map); so laws fitted on some shapes miss others.
 """
 
 from __future__ import annotations
@@ -234,12 +237,45 @@ def _topological(graph_def, wanted: set[str]) -> list[str]:
 
 def kernel_times(step_stats) -> dict[str, float]:
     """Node name -> its kernel seconds in a traced step (TensorFlow's own Send and Recv
-    nodes too, which no GraphDef names)."""
-    out = {}
+    nodes too, which no GraphDef names; entries of one name add up)."""
+    out: dict[str, float] = defaultdict(float)
     for dev in step_stats.dev_stats:
         for ns in dev.node_stats:
-            out[ns.node_name] = (ns.op_end_rel_micros - ns.op_start_rel_micros) * 1e-6
-    return out
+            out[ns.node_name] += (ns.op_end_rel_micros - ns.op_start_rel_micros) * 1e-6
+    return dict(out)
+
+
+def kernel_shares(step_stats) -> dict[str, float]:
+    """Node name -> its kernel's share of a traced step's time: each moment of its run
+    over the number of kernels running then (every device's kernels share the host's
+    cores and its intra-op threads). A kernel that ran alone keeps its wall time; the
+    shares of kernels that ran at once add up to the time they kept the cores busy, where
+    their wall times (`kernel_times`) add up to a multiple of it."""
+    names, events = [], []
+    for dev in step_stats.dev_stats:
+        for ns in dev.node_stats:
+            if ns.op_end_rel_micros > ns.op_start_rel_micros:    # else: no time to share
+                events.append((ns.all_start_micros + ns.op_start_rel_micros, 1, len(names)))
+                events.append((ns.all_start_micros + ns.op_end_rel_micros, -1, len(names)))
+            names.append(ns.node_name)
+    events.sort()                       # at one moment, ends before starts
+    shares = [0.0] * len(names)
+    running: set[int] = set()
+    last = 0
+    for time, kind, index in events:
+        if running and time > last:
+            share = (time - last) * 1e-6 / len(running)
+            for other in running:
+                shares[other] += share
+        last = time
+        if kind > 0:
+            running.add(index)
+        else:
+            running.discard(index)
+    out: dict[str, float] = defaultdict(float)
+    for name, share in zip(names, shares):
+        out[name] += share
+    return dict(out)
 
 
 # -- calibration ----------------------------------------------------------------------------
@@ -325,5 +361,6 @@ class Calibration:
 
 
 __all__ = ["FAMILIES", "Calibration", "Executor", "Kernels", "Node", "Prediction",
-           "StepGraph", "family", "fit_executor", "fit_kernels", "kernel_times", "predict",
+           "StepGraph", "family", "fit_executor", "fit_kernels", "kernel_shares", "kernel_times",
+           "predict",
            "step_graph"]
