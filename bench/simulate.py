@@ -9,9 +9,13 @@ CPU devices is timed (median of `--steps`, medium `--medium_steps`; a tiny confi
 least median of 5 rounds, its device counts taking turns) and traced once
 (TensorFlow's step stats: every node's kernel time). The configs split in two halves,
 each model once in each: the calibration half fits the kernel coefficients per op family
-(on the measured kernel times of its unpartitioned steps' nodes) and then the executor's
-constants (on its step times at every device count); the held-out half (`HELD_OUT`) is predicted with them, and its error is the
-figure. Section `plan` (tofu_tf/search/simulate.py, the plan-level model the paper
+(on its traced kernels' shares of the step) and then the executor's constants (on its
+step times at every device count); the held-out half (`HELD_OUT`) is predicted with
+them, and its error is the figure. Kernels the laws put at `--timed_above` or more, in
+either half, are timed alone instead (one op on constant inputs, per shape and
+attributes: what a kernel costs is measured where it can be, as a compiler's autotuner
+does, not fitted), so the held-out figure measures the executor model and the laws of
+the small kernels. Section `plan` (tofu_tf/search/simulate.py, the plan-level model the paper
 comparison uses):
 
 1. Peak FLOP/s (a 2048x2048 float32 MatMul) and memory bandwidth (a 64 Mi-element AddV2)
@@ -61,6 +65,9 @@ flags.DEFINE_enum("device", "cpu", ["cpu", "gpu"], "graph: cpu (logical CPU devi
 flags.DEFINE_enum("kernel_time", "share", ["share", "wall"], "graph: the kernel time the "
                   "laws are fitted to: share (each moment of a kernel's run over the kernels "
                   "running then: stepmodel.kernel_shares) or wall (its traced wall time)")
+flags.DEFINE_float("timed_above", 1e-4, "graph: kernels the laws put at this many seconds "
+                   "or more are timed alone (stepmodel.time_kernels, per shape and "
+                   "attributes) and those times replace the laws; 0: the laws alone")
 flags.DEFINE_string("runs_cache", None, "graph: keep the measured runs in this pickle and "
                     "reuse them when it exists (refit the model without measuring again)")
 
@@ -215,7 +222,8 @@ def graph_runs(configs: list[str], counts: list[int]) -> list[dict]:
             graph = stepmodel.step_graph(graph_def, fetches)
             runs.append({"config": config, "devices": n, "medium": medium,
                          "measured": best[n], "step": graph,
-                         "step_stats": stats.SerializeToString()})
+                         "step_stats": stats.SerializeToString(),
+                         "graph_def": graph_def.SerializeToString()})
             print(f"{config} @{n}: {1e3 * best[n]:.2f} ms, {len(graph.nodes)} nodes, "
                   f"{graph.edges} cross-device edges", flush=True)
     return runs
@@ -239,6 +247,8 @@ def graph_section() -> dict:
     for r in runs:
         r["samples"] = kernel_samples(r)
     kernels = stepmodel.fit_kernels([s for r in fitting for s in r["samples"]])
+    if FLAGS.timed_above > 0:
+        kernels = replace(kernels, timed=kernels_alone(runs, kernels, cache))
     cores = 1 if FLAGS.device == "gpu" else os.cpu_count() or 1   # one stream
     executor = stepmodel.fit_executor([(r["step"], r["measured"]) for r in fitting],
                                       kernels, cores)
@@ -258,6 +268,27 @@ def graph_section() -> dict:
                for k, v in errors.items() if v}
     return {"rows": rows, "errors": summary, "command": " ".join(sys.argv),
             "calibration": stepmodel.Calibration(kernels, executor).to_json()}
+
+
+def kernels_alone(runs: list[dict], kernels, cache: Path | None) -> dict[str, float]:
+    """Kernel key -> seconds run alone, for every kernel of `runs` the laws put at
+    `--timed_above` or more (kept beside the runs cache)."""
+    import pickle
+
+    from tensorflow.core.framework import graph_pb2
+
+    from tofu_tf.runtime import stepmodel
+    path = cache.with_suffix(".kernels.pkl") if cache is not None else None
+    timed = pickle.loads(path.read_bytes()) if path is not None and path.exists() else {}
+    for r in runs:
+        nodes = [n for n in r["step"].nodes if n.key not in timed
+                 and kernels.seconds(n) >= FLAGS.timed_above]
+        if nodes:
+            timed.update(stepmodel.time_kernels(
+                graph_pb2.GraphDef.FromString(r["graph_def"]), nodes))
+    if path is not None:
+        path.write_bytes(pickle.dumps(timed))
+    return timed
 
 
 def kernel_samples(run: dict) -> list:

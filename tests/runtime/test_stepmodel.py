@@ -85,6 +85,47 @@ def test_kernel_shares_split_overlapping_kernels_and_keep_lone_ones():
     assert sum(stepmodel.kernel_times(stats).values()) == pytest.approx(24e-6)
 
 
+def _transposed_products():
+    """Three float32 MatMuls of equal bytes and flops (512x64 by 64x512 and its
+    transposed forms), two of them alike on two devices, and a variable's read."""
+    import tensorflow as tf
+    graph = tf.Graph()
+    with graph.as_default():
+        with tf.device("/device:CPU:0"):
+            a = tf.compat.v1.placeholder(tf.float32, [512, 64], name="a")
+            b = tf.compat.v1.placeholder(tf.float32, [64, 512], name="b")
+            tf.matmul(a, b, name="plain")
+            tf.matmul(tf.transpose(a), tf.transpose(b), transpose_a=True, transpose_b=True,
+                      name="transposed")
+            handle = tf.raw_ops.VarHandleOp(dtype=tf.float32, shape=[4], name="v")
+            tf.raw_ops.ReadVariableOp(resource=handle, dtype=tf.float32, name="read")
+        with tf.device("/device:CPU:1"):
+            tf.matmul(a, b, name="plain_too")
+    return graph.as_graph_def()
+
+
+def test_kernel_keys_tell_shapes_and_attributes_apart_not_devices():
+    graph = stepmodel.step_graph(_transposed_products())
+    key = {node.name: node.key for node in graph.nodes}
+    nodes = {node.name: node for node in graph.nodes}
+    assert (nodes["plain"].flops, nodes["plain"].bytes) == \
+        (nodes["transposed"].flops, nodes["transposed"].bytes)
+    assert key["plain"] == key["plain_too"]
+    assert key["plain"] != key["transposed"]
+
+
+def test_time_kernels_times_each_key_once_and_skips_variables_and_feeds():
+    graph_def = _transposed_products()
+    graph = stepmodel.step_graph(graph_def)
+    timed = stepmodel.time_kernels(graph_def, graph.nodes, repeats=3)
+    nodes = {node.name: node for node in graph.nodes}
+    assert set(timed) == {n.key for n in graph.nodes if n.op_type in ("MatMul", "Transpose")}
+    assert timed[nodes["plain"].key] > 0
+    kernels = Kernels({"matmul": (1.0, 0.0, 0.0)}, timed)
+    assert kernels.split(nodes["plain_too"]) == (0.0, timed[nodes["plain"].key])
+    assert kernels.seconds(nodes["read"]) == 0.0          # no law for "source", not timed
+
+
 def test_step_graph_sees_every_node_and_the_cross_device_edges():
     step = build("mlp", optimizer="sgd", graph_only=True, batch_size=8)
     optimized = optimize(step.graph_def, step.fetches, feeds=list(step.feeds), num_devices=4)

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Mapping, Sequence
@@ -88,6 +89,7 @@ class Node:
     family: str
     bytes: float                         # inputs' and outputs' bytes
     flops: float
+    key: str = ""                        # kernels of one key run alike (`kernel_key`)
 
 
 @dataclass(frozen=True)
@@ -105,9 +107,14 @@ class Kernels:
     """Per op type, and per family for the other types of a family: (fixed seconds,
     seconds per byte, seconds per flop)."""
     coefficients: Mapping[str, tuple[float, float, float]]
+    # Kernel key -> seconds of that kernel run alone (`time_kernels`); it replaces the law
+    # (all of it throughput: the kernel had the cores to itself).
+    timed: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def split(self, node: Node) -> tuple[float, float]:
         """(fixed part, throughput part) of the node's kernel seconds."""
+        if node.key in self.timed:
+            return 0.0, self.timed[node.key]
         law = self.coefficients.get(node.op_type) or self.coefficients.get(node.family)
         fixed, per_byte, per_flop = law or (0.0, 0.0, 0.0)
         return fixed, per_byte * node.bytes + per_flop * node.flops
@@ -187,7 +194,8 @@ def step_graph(graph_def, fetches: Sequence[str] = ()) -> StepGraph:
         except (ValueError, TypeError, tf.errors.OpError):
             flops = 0
         nodes.append(Node(name, node_def.op, devices[node_def.device],
-                          family(node_def.op), float(size), float(flops)))
+                          family(node_def.op), float(size), float(flops),
+                          kernel_key(op, by_name)))
         mine = []
         for text in node_def.input:
             source = text.lstrip("^").split(":")[0]
@@ -197,6 +205,90 @@ def step_graph(graph_def, fetches: Sequence[str] = ()) -> StepGraph:
                 edges.add((text, node_def.device))
         preds.append(tuple(mine))
     return StepGraph(tuple(nodes), tuple(preds), len(devices), len(edges))
+
+
+def kernel_key(op, by_name) -> str:
+    """What decides a kernel's time: the op type, its attributes (TensorFlow's own, not the
+    placement), its inputs' dtypes and shapes, and the values of small constant inputs
+    (a Reshape's shape, a gradient's input sizes)."""
+    import hashlib
+    node_def = by_name[op.name]
+    parts = [node_def.op]
+    for tensor in op.inputs:
+        parts.append(f"{tensor.dtype.name}{tensor.shape}")
+        producer = by_name.get(tensor.op.name)
+        if producer is not None and producer.op == "Const" and \
+                tensor.shape.num_elements() is not None and tensor.shape.num_elements() <= 16:
+            parts.append(producer.attr["value"].tensor.SerializeToString().hex())
+    for name in sorted(node_def.attr):
+        if not name.startswith("_"):
+            parts.append(f"{name}={node_def.attr[name].SerializeToString().hex()}")
+    digest = hashlib.sha1("|".join(parts[1:]).encode()).hexdigest()[:16]
+    return f"{node_def.op}:{digest}"
+
+
+def time_kernels(graph_def, nodes: Sequence[Node], repeats: int = 5) -> dict[str, float]:
+    """Kernel key -> median seconds of one node of that key run alone: the op on one CPU
+    device, its inputs constants (random floats, zeros elsewhere, the graph's own small
+    constants), no constant folding, less the median of an empty step. Ops without inputs
+    (sources, fed placeholders) and ops that read or write variables (resource or
+    reference inputs) are not timed."""
+    import tensorflow as tf
+    from tensorflow.core.protobuf import config_pb2
+
+    from tofu_tf._tf_graph import LazyGraph
+    by_name = {node.name: node for node in graph_def.node}
+    graph = LazyGraph(graph_def)
+    config = config_pb2.ConfigProto(device_count={"CPU": 1})
+    config.graph_options.rewrite_options.disable_meta_optimizer = True
+    config.graph_options.optimizer_options.opt_level = config_pb2.OptimizerOptions.L0
+    config.graph_options.optimizer_options.do_constant_folding = False
+    rng = np.random.default_rng(0)
+    out: dict[str, float] = {}
+    for node in nodes:
+        if not node.key or node.key in out:
+            continue
+        op = graph.get_operation_by_name(node.name)
+        if not op.inputs or op.type.startswith("Placeholder") or \
+                any(t.dtype in (tf.resource, tf.variant) or t.dtype._is_ref_dtype  # noqa: SLF001
+               or not t.shape.is_fully_defined() for t in op.inputs):
+            continue
+        alone = tf.Graph()
+        with alone.as_default():
+            inputs = []
+            for i, tensor in enumerate(op.inputs):
+                producer = by_name.get(tensor.op.name)
+                shape, dtype = tensor.shape.as_list(), tensor.dtype
+                if producer is not None and producer.op == "Const":
+                    value = tf.make_ndarray(producer.attr["value"].tensor)
+                elif dtype.is_floating:
+                    value = rng.standard_normal(shape).astype(dtype.as_numpy_dtype)
+                else:
+                    value = np.zeros(shape, dtype.as_numpy_dtype)
+                inputs.append(tf.constant(value, dtype=dtype, name=f"input{i}"))
+            tf.raw_ops.NoOp(name="empty")
+        definition = alone.as_graph_def()
+        kernel = definition.node.add()
+        kernel.CopyFrom(by_name[op.name])
+        kernel.name, kernel.device = "kernel", ""
+        del kernel.input[:]
+        kernel.input.extend(t.op.name for t in inputs)
+        timed = tf.Graph()
+        with timed.as_default():
+            tf.graph_util.import_graph_def(definition, name="")
+        with tf.compat.v1.Session(graph=timed, config=config) as session:
+            seconds = []
+            for target in ("empty", "kernel"):
+                run = session.make_callable(timed.get_operation_by_name(target))
+                run()
+                times = []
+                for _ in range(repeats):
+                    start = time.perf_counter()
+                    run()
+                    times.append(time.perf_counter() - start)
+                seconds.append(float(np.median(times)))
+        out[node.key] = max(seconds[1] - seconds[0], 0.0)
+    return out
 
 
 def _bytes(tensor) -> int:
@@ -262,12 +354,12 @@ def kernel_shares(step_stats) -> dict[str, float]:
     shares = [0.0] * len(names)
     running: set[int] = set()
     last = 0
-    for time, kind, index in events:
-        if running and time > last:
-            share = (time - last) * 1e-6 / len(running)
+    for moment, kind, index in events:
+        if running and moment > last:
+            share = (moment - last) * 1e-6 / len(running)
             for other in running:
                 shares[other] += share
-        last = time
+        last = moment
         if kind > 0:
             running.add(index)
         else:
