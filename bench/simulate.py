@@ -304,8 +304,8 @@ def kernel_samples(run: dict) -> list:
 
 
 def kernel_sums(samples, kernels) -> dict[str, list[float]]:
-    """Per family: [measured kernel seconds, the laws' seconds] summed over a traced step's
-    nodes (the kernels' wall times: kernels that ran at once each count whole)."""
+    """Per family: [measured kernel seconds (`kernel_samples`), the model's] summed over a
+    traced step's nodes."""
     sums: dict[str, list[float]] = {}
     for node, seconds in samples:
         pair = sums.setdefault(node.family, [0.0, 0.0])
@@ -315,9 +315,9 @@ def kernel_sums(samples, kernels) -> dict[str, list[float]]:
 
 
 def kernel_table(rows: list[dict]) -> list[str]:
-    """Where the model misses, per run: the kernels' wall times against the laws, and
-    against the step (kernels / step > 1: kernels overlapped), and the family whose
-    summed kernels the laws miss most."""
+    """Where the model misses, per run: the measured kernels against the model's (laws,
+    or times alone), and against the step, and the family whose summed kernels the model
+    misses most."""
     table = []
     for r in rows:
         sums = r.get("kernels")
@@ -336,11 +336,12 @@ def kernel_table(rows: list[dict]) -> list[str]:
             "kernel times the laws are fitted to (`--kernel_time`: shares, each moment of a "
             "kernel's run over the kernels running then, add up to the busy time; wall "
             "times count kernels that ran at once, on the inter-op threads or on other "
-            "devices, each whole, and kernels / step above 1 is that overlap). "
-            "Largest miss: the family whose summed kernels differ most from its laws, "
-            "measured / laws.", "",
+            "devices, each whole, and kernels / step above 1 is that overlap); model: "
+            "the laws, or a kernel's time alone where it was timed (`--timed_above`). "
+            "Largest miss: the family whose summed kernels differ most from the model's, "
+            "measured / model.", "",
             markdown_table(["config", "devices", "held out", "step ms", "kernels ms",
-                            "laws ms", "kernels / step", "largest miss"], table), ""]
+                            "model ms", "kernels / step", "largest miss"], table), ""]
 
 
 def _ms(seconds: float) -> str:

@@ -20,8 +20,10 @@ emitter wrote (or the unpartitioned graph, N = 1):
   run kernels at once, the cores are the limit. The laws are fitted to each kernel's
   share of the step (`kernel_shares`: each moment of its run over the kernels running
   then), not to its wall time: kernels that run at once slow each other, and their wall
-  times add up to up to 2.5x the step (bench/results/simulate.md). The fixed parts and the executor's run one per inter-op
-  thread: C of them at once. Hence the work bound
+  times add up to up to 2.5x the step (bench/results/simulate.md). A kernel timed alone
+  (`time_kernels`, per `kernel_key`) takes that time instead of its law. The fixed parts
+  and the executor's run one per inter-op thread: C of them at once. Hence the work
+  bound
       W = (utilization x sum(throughput parts) + sum(fixed parts) + nodes x node_overhead
            + edges x edge_cost) / C,
   and the path bound P, the longest chain of nodes (data and control edges, each device's
@@ -276,19 +278,29 @@ def time_kernels(graph_def, nodes: Sequence[Node], repeats: int = 5) -> dict[str
         timed = tf.Graph()
         with timed.as_default():
             tf.graph_util.import_graph_def(definition, name="")
-        with tf.compat.v1.Session(graph=timed, config=config) as session:
-            seconds = []
-            for target in ("empty", "kernel"):
-                run = session.make_callable(timed.get_operation_by_name(target))
-                run()
-                times = []
-                for _ in range(repeats):
-                    start = time.perf_counter()
-                    run()
-                    times.append(time.perf_counter() - start)
-                seconds.append(float(np.median(times)))
-        out[node.key] = max(seconds[1] - seconds[0], 0.0)
+        try:
+            empty, alone_seconds = _median_runs(timed, config, repeats)
+        except (tf.errors.OpError, ValueError):      # inputs the zeros do not fit
+            continue
+        out[node.key] = max(alone_seconds - empty, 0.0)
     return out
+
+
+def _median_runs(graph, config, repeats: int) -> tuple[float, float]:
+    """Median seconds of running `graph`'s op "empty", then its op "kernel"."""
+    import tensorflow as tf
+    seconds = []
+    with tf.compat.v1.Session(graph=graph, config=config) as session:
+        for target in ("empty", "kernel"):
+            run = session.make_callable(graph.get_operation_by_name(target))
+            run()
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                run()
+                times.append(time.perf_counter() - start)
+            seconds.append(float(np.median(times)))
+    return seconds[0], seconds[1]
 
 
 def _bytes(tensor) -> int:
