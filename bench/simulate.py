@@ -15,8 +15,9 @@ them, and its error is the figure. A second evaluation (`--timed_above`, results
 graph_timed) gives the kernels the laws put at 100 us or more, in either half, their
 time run alone instead (one op on constant inputs, per shape and attributes: what a
 kernel costs measured where it can be, as FlexFlow's simulator does, not fitted); its
-held-out figure then measures the executor model and the laws of the small kernels. Section `plan` (tofu_tf/search/simulate.py, the plan-level model the paper
-comparison uses):
+held-out figure then measures the executor model and the laws of the small kernels.
+Section `plan` (tofu_tf/search/simulate.py, the plan-level model the paper comparison
+uses):
 
 1. Peak FLOP/s (a 2048x2048 float32 MatMul) and memory bandwidth (a 64 Mi-element AddV2)
    of this machine, measured through TensorFlow (median of 5).
