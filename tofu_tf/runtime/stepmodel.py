@@ -42,6 +42,7 @@ gradient 1.2 to 48 GFLOP/s at one flop count (slowest with a 3x3x1024x1024 filte
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import time
@@ -191,8 +192,9 @@ def step_graph(graph_def, fetches: Sequence[str] = ()) -> StepGraph:
         node_def = by_name[name]
         op = graph.get_operation_by_name(name)
         size = sum(_bytes(t) for t in list(op.inputs) + list(op.outputs))
-        try:
-            flops = tf_ops.get_stats_for_node_def(graph, node_def, "flops").value or 0
+        try:               # on a copy: the registry's reads add attributes (transpose_a)
+            flops = tf_ops.get_stats_for_node_def(graph, copy.deepcopy(node_def),
+                                                  "flops").value or 0
         except (ValueError, TypeError, tf.errors.OpError):
             flops = 0
         nodes.append(Node(name, node_def.op, devices[node_def.device],
