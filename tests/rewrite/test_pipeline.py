@@ -43,6 +43,20 @@ def test_pipelined_step_equals_the_unpartitioned_one(model, devices, stages, mic
     assert placed > len(plan.stages) // 2
 
 
+@pytest.mark.parametrize("model", ["lstm", "transformer"])
+def test_stage_count_searched_trains_like_the_unpartitioned_step(model):
+    """Options(pipeline_stages=0) at 8 devices without micro-batches, as bench/overhead.py's
+    rows "stages searched" run it: whichever count the simulator keeps, the step's numbers
+    are the unpartitioned step's and the ledger moves what the plan predicts."""
+    optimized = compare(model, "sgd", num_devices=8, dtype="float64",
+                        options=Options(pipeline_stages=0))
+    plan = optimized.plan
+    assert plan.num_devices == 8
+    assert optimized.ledger.step_bytes == plan.predicted_bytes
+    if plan.stages:
+        assert set(plan.stages.values()) == set(range(plan.levels[0].ways))
+
+
 def test_stages_hold_less_than_one_group_holding_all():
     """Each device holds its stage's variables and optimizer slots only: at 2 stages of 4
     devices, a device's variable bytes are about half those of 8 devices' partition over
