@@ -45,6 +45,8 @@ BACKBONES = {
     "qwen3": "Qwen3Backbone", "fnet": "FNetBackbone", "xlnet": "XLNetBackbone",
     "esm2": "ESM2Backbone", "xlm_roberta": "XLMRobertaBackbone",
     "roformer_v2": "RoformerV2Backbone", "gpt_oss": "GptOssBackbone",
+    # encoder-decoder: both sides read the same ids (Whisper's encoder one-hot features)
+    "t5": "T5Backbone", "bart": "BartBackbone", "whisper": "WhisperBackbone",
 }
 IMAGE_MODELS = tuple(APPLICATIONS)
 TEXT_MODELS = tuple(BACKBONES)
@@ -106,10 +108,16 @@ def _text_model(name: str, seq_len: int, hidden: int, vocab: int):
     import keras_hub
     cls = getattr(keras_hub.models, BACKBONES[name])
     backbone = cls(**_backbone_config(cls, seq_len, hidden, vocab))
-    input_names = set(backbone.input) if isinstance(backbone.input, dict) else {"token_ids"}
+    specs = backbone.input if isinstance(backbone.input, dict) else {"token_ids": None}
+
+    def feature(ids, spec):
+        """A float input (Whisper's audio features) from the ids: one-hot rows."""
+        width = spec.shape[-1]
+        return tf.one_hot(ids % width, width, dtype=spec.dtype)
 
     class LanguageModel(keras.Model):
-        """Backbone + a dense head over the vocabulary."""
+        """Backbone + a dense head over the vocabulary (on the decoder's output where
+        there is one)."""
 
         def __init__(self):
             super().__init__()
@@ -117,10 +125,20 @@ def _text_model(name: str, seq_len: int, hidden: int, vocab: int):
             self.head = keras.layers.Dense(vocab)
 
         def call(self, ids):
-            inputs = {"token_ids": ids, "padding_mask": tf.ones_like(ids),
-                      "segment_ids": tf.zeros_like(ids)}
-            out = self.backbone({k: v for k, v in inputs.items() if k in input_names})
-            return self.head(out["sequence_output"] if isinstance(out, dict) else out)
+            inputs = {}
+            for name, spec in specs.items():
+                if name.endswith("token_ids"):
+                    inputs[name] = ids
+                elif name.endswith("padding_mask"):
+                    inputs[name] = tf.ones_like(ids)
+                elif name == "segment_ids":
+                    inputs[name] = tf.zeros_like(ids)
+                else:
+                    inputs[name] = feature(ids, spec)
+            out = self.backbone(inputs)
+            if isinstance(out, dict):
+                out = out.get("decoder_sequence_output", out.get("sequence_output"))
+            return self.head(out)
 
     model = LanguageModel()
     model(tf.zeros((1, seq_len), tf.int32))
