@@ -48,7 +48,19 @@ BACKBONES = {
     # encoder-decoder: both sides read the same ids (Whisper's encoder one-hot features)
     "t5": "T5Backbone", "bart": "BartBackbone", "whisper": "WhisperBackbone",
 }
-IMAGE_MODELS = tuple(APPLICATIONS)
+# keras_hub image backbones (tokens out; a mean over tokens and a softmax head on top), at
+# a tiny size: our name -> (class, the constructor's arguments besides image_shape).
+IMAGE_BACKBONES = {
+    "vit": ("ViTBackbone", dict(patch_size=8, num_layers=2, num_heads=2, hidden_dim=16,
+                                mlp_dim=32)),
+    "deit": ("DeiTBackbone", dict(patch_size=8, num_layers=2, num_heads=2, hidden_dim=16,
+                                  intermediate_dim=32)),
+    "dinov2": ("DINOV2Backbone", dict(patch_size=8, num_layers=2, num_heads=2, hidden_dim=16,
+                                      intermediate_dim=32)),
+    "swin": ("SwinTransformerBackbone", dict(embed_dim=16, depths=[1, 1], num_heads=[2, 2],
+                                             patch_size=4, window_size=4)),
+}
+IMAGE_MODELS = tuple(APPLICATIONS) + tuple(IMAGE_BACKBONES)
 TEXT_MODELS = tuple(BACKBONES)
 KERAS_MODELS = IMAGE_MODELS + TEXT_MODELS
 OPTIMIZERS = ("adam", "sgd_momentum")
@@ -79,13 +91,22 @@ class KerasStep:
 
 
 def smallest_image_size(name: str) -> int:
-    return APPLICATIONS[name][1]
+    return APPLICATIONS[name][1] if name in APPLICATIONS else 32
 
 
 def _image_model(name: str, image_size: int, classes: int):
     import keras
-    builder = getattr(keras.applications, APPLICATIONS[name][0])
-    return builder(weights=None, input_shape=(image_size, image_size, 3), classes=classes)
+    if name in APPLICATIONS:
+        builder = getattr(keras.applications, APPLICATIONS[name][0])
+        return builder(weights=None, input_shape=(image_size, image_size, 3), classes=classes)
+    import keras_hub
+    cls, sizes = IMAGE_BACKBONES[name]
+    backbone = getattr(keras_hub.models, cls)(image_shape=(image_size, image_size, 3),
+                                              **sizes)
+    images = keras.Input((image_size, image_size, 3))
+    tokens = backbone(images)
+    pooled = keras.layers.GlobalAveragePooling1D()(tokens)
+    return keras.Model(images, keras.layers.Dense(classes, activation="softmax")(pooled))
 
 
 def _backbone_config(cls, seq_len: int, hidden: int, vocab: int) -> dict:
