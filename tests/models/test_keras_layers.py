@@ -60,6 +60,21 @@ def _causal_block():
     return CausalBlock()
 
 
+def _self_attention(**kwargs):
+    import keras
+
+    class SelfAttention(keras.layers.Layer):
+        """Multi-head self-attention (keras.layers.MultiHeadAttention(2, 3, **kwargs))."""
+
+        def __init__(self):
+            super().__init__()
+            self.attention = keras.layers.MultiHeadAttention(2, 3, **kwargs)
+
+        def call(self, x):
+            return self.attention(x, x)
+    return SelfAttention()
+
+
 def _layers():
     import keras
     L = keras.layers
@@ -116,6 +131,20 @@ def _layers():
         "conv-transpose-output-padding": _classifier((5, 5, 3), lambda: [
             L.Conv2DTranspose(4, 3, strides=2, output_padding=1),
             L.Conv2DTranspose(4, (2, 3), strides=(1, 2), padding="same")]),
+        # Attention over two axes of an image (EinsumDense over both); an einsum dense
+        # layer, layer norm over two axes and parametric activations; a masked sequence
+        # (Embedding(mask_zero) into an unrolled LSTM: the mask selects between states);
+        # 3-D upsampling and strided convolution, 1-D transposed convolution.
+        "attention-2d-axes": _classifier((4, 4, 3), lambda: [
+            L.Conv2D(4, 1), _self_attention(attention_axes=(1, 2))]),
+        "einsum-dense-norm-axes": _classifier((6, 5), lambda: [
+            L.EinsumDense("abc,cd->abd", output_shape=(6, 7), bias_axes="d"),
+            L.LayerNormalization(axis=[1, 2]), L.PReLU(), L.ELU(), L.Activation("selu")]),
+        "masked-lstm": _classifier((7,), lambda: [
+            L.Embedding(30, 6, mask_zero=True), L.LSTM(5, unroll=True)], integer_inputs=30),
+        "upsample3d-conv1d-transpose": _classifier((4, 4, 4, 2), lambda: [
+            L.UpSampling3D(2), L.Conv3D(2, 3, strides=2), L.GlobalAveragePooling3D(),
+            L.Reshape((2, 1)), L.Conv1DTranspose(3, 3, strides=2, padding="same")]),
         # TensorFlow's 3-D max pooling has no float64 kernel: this one runs in float32.
         "conv3d-pool3d": _classifier((6, 7, 6, 2), lambda: [
             L.Conv3D(4, 3, strides=(1, 2, 1), padding="same", activation="relu"),
@@ -127,7 +156,8 @@ LAYERS = ["conv1d-dilated-causal", "conv2d-dilated-same", "conv2d-transpose-sepa
           "pools-crops-groupnorm", "resize-bilinear-nearest", "embedding-gru-unrolled",
           "roll-shifted-windows", "pixel-shuffle-band", "conv3d-pool3d", "conv-groups",
           "conv1d-conv3d-groups", "attention-causal-norm", "bidirectional-timedistributed",
-          "conv-transpose-output-padding"]
+          "conv-transpose-output-padding", "attention-2d-axes", "einsum-dense-norm-axes",
+          "masked-lstm", "upsample3d-conv1d-transpose"]
 FLOAT32 = {"conv3d-pool3d"}
 # The op types that stand in for a layer (TensorFlow's lowering), per model.
 BLOCKED = {"SpaceToBatchND", "BatchToSpaceND"}
