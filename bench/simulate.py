@@ -65,7 +65,8 @@ flags.DEFINE_enum("device", "cpu", ["cpu", "gpu"], "graph: cpu (logical CPU devi
                   "kernel laws and the executor there, results under graph_gpu)")
 flags.DEFINE_enum("kernel_time", "share", ["share", "wall"], "graph: the kernel time the "
                   "laws are fitted to: share (each moment of a kernel's run over the kernels "
-                  "running then: stepmodel.kernel_shares) or wall (its traced wall time)")
+                  "running then, stepmodel.kernel_shares, scaled to the untraced step) or "
+                  "wall (its traced wall time)")
 flags.DEFINE_float("timed_above", 1e-4, "graph: also evaluate the model with the kernels "
                    "the laws put at this many seconds or more timed alone "
                    "(stepmodel.time_kernels, per shape and attributes) in place of their "
@@ -310,13 +311,17 @@ def kernels_alone(runs: list[dict], kernels, cache: Path | None) -> dict[str, fl
 
 def kernel_samples(run: dict) -> list:
     """(node, seconds) of a run's traced kernels: each kernel's share of the step
-    (`--kernel_time=share`) or its wall time."""
+    (`--kernel_time=share`), scaled by the untraced step's time over the traced one's
+    (tracing slows a tiny step 2-3.5x: bench/results/simulate.md), or its wall time."""
     from tensorflow.core.framework import step_stats_pb2
 
     from tofu_tf.runtime import stepmodel
     stats = step_stats_pb2.StepStats.FromString(run["step_stats"])
-    times = (stepmodel.kernel_shares(stats) if FLAGS.kernel_time == "share"
-             else stepmodel.kernel_times(stats))
+    if FLAGS.kernel_time == "share":
+        scale = min(1.0, run["measured"] / stepmodel.traced_seconds(stats))
+        times = {name: scale * t for name, t in stepmodel.kernel_shares(stats).items()}
+    else:
+        times = stepmodel.kernel_times(stats)
     return [(node, times[node.name]) for node in run["step"].nodes if node.name in times]
 
 

@@ -384,6 +384,16 @@ def kernel_shares(step_stats) -> dict[str, float]:
     return dict(out)
 
 
+def traced_seconds(step_stats) -> float:
+    """Wall seconds of a traced step: its first kernel's start to its last one's end."""
+    starts, ends = [], []
+    for dev in step_stats.dev_stats:
+        for ns in dev.node_stats:
+            starts.append(ns.all_start_micros + ns.op_start_rel_micros)
+            ends.append(ns.all_start_micros + ns.op_end_rel_micros)
+    return (max(ends) - min(starts)) * 1e-6 if starts else 0.0
+
+
 # -- calibration ----------------------------------------------------------------------------
 
 def fit_kernels(samples: Sequence[tuple[Node, float]], min_samples: int = 3) -> Kernels:
@@ -468,5 +478,5 @@ class Calibration:
 
 __all__ = ["FAMILIES", "Calibration", "Executor", "Kernels", "Node", "Prediction",
            "StepGraph", "family", "fit_executor", "fit_kernels", "kernel_shares", "kernel_times",
-           "predict",
+           "predict", "traced_seconds",
            "step_graph"]
