@@ -83,6 +83,7 @@ def test_kernel_shares_split_overlapping_kernels_and_keep_lone_ones():
     assert shares["z"] == 0.0
     assert sum(shares.values()) == pytest.approx(16e-6)          # busy 0-14 and 16-18
     assert sum(stepmodel.kernel_times(stats).values()) == pytest.approx(24e-6)
+    assert stepmodel.traced_seconds(stats) == pytest.approx(18e-6)
 
 
 def _transposed_products():
