@@ -47,6 +47,7 @@ BACKBONES = {
     "roformer_v2": "RoformerV2Backbone", "gpt_oss": "GptOssBackbone",
     # encoder-decoder: both sides read the same ids (Whisper's encoder one-hot features)
     "t5": "T5Backbone", "bart": "BartBackbone", "whisper": "WhisperBackbone",
+    "gemma3": "Gemma3Backbone",                    # text only (no vision encoder)
 }
 # keras_hub image backbones (tokens out; a mean over tokens and a softmax head on top), at
 # a tiny size: our name -> (class, the constructor's arguments besides image_shape).
@@ -119,7 +120,7 @@ def _backbone_config(cls, seq_len: int, hidden: int, vocab: int) -> dict:
              "embedding_dim": hidden, "head_dim": hidden // 2, "key_value_dim": hidden // 2,
              "max_sequence_length": seq_len, "num_groups": 1, "num_inner_repetitions": 1,
              "dropout": 0.0, "head_size": hidden // 2, "num_experts": 4, "top_k": 2,
-             "num_experts_per_tok": 2}
+             "num_experts_per_tok": 2, "image_size": 16}
     parameters = inspect.signature(cls.__init__).parameters
     return {k: v for k, v in sizes.items() if k in parameters}
 
