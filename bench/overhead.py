@@ -169,11 +169,6 @@ def _row(config, model, medium, devices, steps, step, optimized, whole, profile,
     return row
 
 
-def _human(num_bytes: float) -> str:
-    from tofu_tf.search.plan import human_bytes
-    return human_bytes(num_bytes)
-
-
 def _ms(seconds: float) -> str:
     return f"{1e3 * seconds:.2f}" if seconds < 10 else f"{1e3 * seconds:.0f}"
 
@@ -199,6 +194,7 @@ def setting(row: dict) -> str:
 
 
 def table(stored: dict) -> str:
+    from tofu_tf.search.plan import human_bytes
     rows = sorted(stored["rows"].values(), key=lambda r: (
         r["medium"], list(CONFIGS).index(r["config"]) if r["config"] in CONFIGS else 99,
         r["devices"], r.get("replicate_below", 0), r.get("compute_once_below", 0),
@@ -211,7 +207,7 @@ def table(stored: dict) -> str:
                r["nodes_single"], f"{r['nodes_per_device']:.0f}", r.get("transfers", ""),
                f"{r['plan_bytes']:.0f}",
                r["predicted_bytes"], r["ledger_step_bytes"],
-               _human(r["peak_bytes"]) if "peak_bytes" in r else ""] for r in rows]
+               human_bytes(r["peak_bytes"]) if "peak_bytes" in r else ""] for r in rows]
     def executor(p: dict) -> str:
         if "executor" in p:
             return _ms(p["executor"])

@@ -44,8 +44,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import itertools
-import time
+import timeit
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Mapping, Sequence
@@ -215,7 +216,6 @@ def kernel_key(op, by_name) -> str:
     """What decides a kernel's time: the op type, its attributes (TensorFlow's own, not the
     placement), its inputs' dtypes and shapes, and the values of small constant inputs
     (a Reshape's shape, a gradient's input sizes)."""
-    import hashlib
     node_def = by_name[op.name]
     parts = [node_def.op]
     for tensor in op.inputs:
@@ -296,12 +296,7 @@ def _median_runs(graph, config, repeats: int) -> tuple[float, float]:
         for target in ("empty", "kernel"):
             run = session.make_callable(graph.get_operation_by_name(target))
             run()
-            times = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                run()
-                times.append(time.perf_counter() - start)
-            seconds.append(float(np.median(times)))
+            seconds.append(float(np.median(timeit.repeat(run, repeat=repeats, number=1))))
     return seconds[0], seconds[1]
 
 
@@ -341,13 +336,20 @@ def _topological(graph_def, wanted: set[str]) -> list[str]:
     return order
 
 
+def _kernel_spans(step_stats):
+    """(node name, kernel start, kernel end) in microseconds, every node of a traced step."""
+    for dev in step_stats.dev_stats:
+        for ns in dev.node_stats:
+            yield (ns.node_name, ns.all_start_micros + ns.op_start_rel_micros,
+                   ns.all_start_micros + ns.op_end_rel_micros)
+
+
 def kernel_times(step_stats) -> dict[str, float]:
     """Node name -> its kernel seconds in a traced step (TensorFlow's own Send and Recv
     nodes too, which no GraphDef names; entries of one name add up)."""
     out: dict[str, float] = defaultdict(float)
-    for dev in step_stats.dev_stats:
-        for ns in dev.node_stats:
-            out[ns.node_name] += (ns.op_end_rel_micros - ns.op_start_rel_micros) * 1e-6
+    for name, start, end in _kernel_spans(step_stats):
+        out[name] += (end - start) * 1e-6
     return dict(out)
 
 
@@ -358,12 +360,10 @@ def kernel_shares(step_stats) -> dict[str, float]:
     shares of kernels that ran at once add up to the time they kept the cores busy, where
     their wall times (`kernel_times`) add up to a multiple of it."""
     names, events = [], []
-    for dev in step_stats.dev_stats:
-        for ns in dev.node_stats:
-            if ns.op_end_rel_micros > ns.op_start_rel_micros:    # else: no time to share
-                events.append((ns.all_start_micros + ns.op_start_rel_micros, 1, len(names)))
-                events.append((ns.all_start_micros + ns.op_end_rel_micros, -1, len(names)))
-            names.append(ns.node_name)
+    for name, start, end in _kernel_spans(step_stats):
+        if end > start:                                   # else: no time to share
+            events += [(start, 1, len(names)), (end, -1, len(names))]
+        names.append(name)
     events.sort()                       # at one moment, ends before starts
     shares = [0.0] * len(names)
     running: set[int] = set()
@@ -386,12 +386,10 @@ def kernel_shares(step_stats) -> dict[str, float]:
 
 def traced_seconds(step_stats) -> float:
     """Wall seconds of a traced step: its first kernel's start to its last one's end."""
-    starts, ends = [], []
-    for dev in step_stats.dev_stats:
-        for ns in dev.node_stats:
-            starts.append(ns.all_start_micros + ns.op_start_rel_micros)
-            ends.append(ns.all_start_micros + ns.op_end_rel_micros)
-    return (max(ends) - min(starts)) * 1e-6 if starts else 0.0
+    spans = list(_kernel_spans(step_stats))
+    if not spans:
+        return 0.0
+    return (max(end for _, _, end in spans) - min(start for _, start, _ in spans)) * 1e-6
 
 
 # -- calibration ----------------------------------------------------------------------------

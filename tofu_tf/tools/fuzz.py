@@ -7,9 +7,9 @@ A step is a random DAG of described ops on float64 placeholders and variables (e
 unary and binary ops, broadcasting, MatMul with transposes, BatchMatMulV2, Conv2D with random
 strides and padding, dilated and grouped (XLA-compiled) convolutions, pooling, bilinear
 and nearest resizing, reductions, Reshape, Transpose, Softmax, ConcatV2, Slice, Pad, Roll,
-Tile, DepthToSpace, SpaceToDepth, MatrixBandPart, TopKV2, BiasAdd), a scalar loss over every leaf,
-TensorFlow's gradients for every variable and an SGD update: the partitioned graph must
-give the same loss and the same updated variables over `STEPS` steps. Shapes are static
+Tile, DepthToSpace, SpaceToDepth, MatrixBandPart, TopKV2, BiasAdd), a scalar loss over
+every leaf, TensorFlow's gradients for every variable and an SGD update: the partitioned
+graph must give the same loss and the same updated variables over `STEPS` steps. Shapes are static
 and chosen so every op is valid; every choice goes through the `Chooser`, so a hypothesis
 strategy can shrink a failing case.
 """
