@@ -65,12 +65,15 @@ def test_fit_kernels_recovers_a_family_law():
 
 def test_kernel_shares_split_overlapping_kernels_and_keep_lone_ones():
     """Device 0: a runs 0-10 us, b 4-8 us; device 1: c 6-14 us, and a second entry named
-    a (16-18 us; entries of one name add up); z takes no time. At each moment the running
-    kernels share it equally; the shares add up to the busy time, the wall times do not."""
+    a (16-18 us; entries of one name add up); z takes no time; a stream row repeating c (as
+    a GPU's does) is not counted again. At each moment the running kernels share it
+    equally; the shares add up to the busy time, the wall times do not."""
     from tensorflow.core.framework import step_stats_pb2
     stats = step_stats_pb2.StepStats()
-    for device, runs in (("cpu:0", [("a", 0, 10), ("b", 4, 8), ("z", 5, 5)]),
-                         ("cpu:1", [("c", 6, 14), ("a", 16, 18)])):
+    prefix = "/job:localhost/replica:0/task:0/device:"
+    for device, runs in ((prefix + "CPU:0", [("a", 0, 10), ("b", 4, 8), ("z", 5, 5)]),
+                         (prefix + "CPU:1", [("c", 6, 14), ("a", 16, 18)]),
+                         (prefix + "GPU:0/stream:all", [("c", 6, 14)])):   # a repeat
         dev = stats.dev_stats.add(device=device)
         for name, start, end in runs:
             dev.node_stats.add(node_name=name, all_start_micros=100 + start,

@@ -46,6 +46,13 @@ def node_kind(name: str, op_type: str, op_nodes: frozenset[str] | None) -> str:
     return "rewrite"
 
 
+def device_rows(step_stats) -> list:
+    """A traced step's rows of its devices (`dev_stats`), without a GPU's stream and copy
+    rows, which repeat its nodes."""
+    return [dev for dev in step_stats.dev_stats if "/device:" in dev.device
+            and not dev.device.endswith(("stream:all", "/memcpy"))]
+
+
 @dataclass(frozen=True)
 class DeviceTime:
     device: str
@@ -73,9 +80,7 @@ class StepProfile:
         nodes that run planner ops (None: every compute node is an op)."""
         op_nodes = frozenset(op_nodes) if op_nodes is not None else None
         records = []                              # (device, name, type, start, op_s, op_e, end)
-        for dev in step_stats.dev_stats:
-            if "/device:" not in dev.device or dev.device.endswith(("stream:all", "/memcpy")):
-                continue
+        for dev in device_rows(step_stats):
             for ns in dev.node_stats:
                 start = ns.all_start_micros
                 records.append((_short(dev.device), ns.node_name, _type_of(ns), start,

@@ -337,8 +337,10 @@ def _topological(graph_def, wanted: set[str]) -> list[str]:
 
 
 def _kernel_spans(step_stats):
-    """(node name, kernel start, kernel end) in microseconds, every node of a traced step."""
-    for dev in step_stats.dev_stats:
+    """(node name, kernel start, kernel end) in microseconds, every node of a traced step
+    once (`profile.device_rows`)."""
+    from tofu_tf.runtime.profile import device_rows
+    for dev in device_rows(step_stats):
         for ns in dev.node_stats:
             yield (ns.node_name, ns.all_start_micros + ns.op_start_rel_micros,
                    ns.all_start_micros + ns.op_end_rel_micros)
