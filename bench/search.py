@@ -21,6 +21,10 @@ Sections (each merged into bench/results/search.json; the tables go to search.md
 - gap: on the tiny reference models at 2x2, 2x4 and 2x2x2, the recursion alone and the
   search's plan (all levels at once where that problem is small) against the joint
   optimum of all levels (exact DP over product domains).
+- accounts: on the tiny reference models at 2, 4, 8, 2x4 and 2x2x2, the bytes the search
+  prices its plan at against the bytes the emitted step moves (its ledger), per level, and
+  how much of the search's excess is on tensors that two or more ops read from other
+  devices (the emitter sends a region a device lacks once, whoever reads it).
 
 Each section records the machine it last ran on: the CPU, and the median seconds of a
 fixed interpreter loop that uses none of this package (`common.reference_loop_seconds`),
@@ -45,7 +49,7 @@ from common import (commit_label, configurations, load, machine,  # noqa: E402
                     read_results, write_results)
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("sections", "configs,end_to_end,backends,loaded,gap",
+flags.DEFINE_string("sections", "configs,end_to_end,backends,loaded,gap,accounts",
                     "comma-separated sections to run")
 flags.DEFINE_string("only", "", "comma-separated configuration names (default: all)")
 flags.DEFINE_string("e2e_child", "", "internal: measure one end-to-end run and print JSON")
@@ -232,6 +236,50 @@ def gap() -> dict:
     return out
 
 
+def accounts(shapes=("2", "4", "8", "2x4", "2x2x2")) -> dict:
+    """Per tiny model and topology: the search's bytes and the ledger's, per level, and the
+    search's excess on tensors two or more ops fetch (the rest is relaying and the other
+    differences between the recursion's per-group account and the emitter's)."""
+    from collections import Counter
+
+    from tofu_tf.api import optimize
+    from tofu_tf.importer.graphdef_io import import_graph_def
+    from tofu_tf.models import build
+    from tofu_tf.options import Options
+    from tofu_tf.rewrite.ledger import STEP_KINDS
+    from tofu_tf.search.plan import make_plan
+    from tofu_tf.search.topology import Topology
+    out = {}
+    for model in ("mlp", "wresnet", "lstm", "transformer"):
+        step = build(model, optimizer="sgd", graph_only=True, batch_size=8)
+        graph = import_graph_def(step.graph_def, step.fetches, feeds=list(step.feeds)).graph
+        for shape in shapes:
+            topology = Topology.parse(shape)
+            plan = make_plan(graph, topology, options=Options(flop_bytes=FLAGS.flop_bytes))
+            optimized = optimize(step.graph_def, step.fetches, feeds=list(step.feeds),
+                                 plan=plan)
+            searched, readers = Counter(), {}
+            for level in plan.levels:
+                for transfer in level.transfers:
+                    searched[transfer.tensor] += level.groups * transfer.bytes
+                    if graph.producer(transfer.tensor).name != transfer.op:
+                        readers.setdefault(transfer.tensor, set()).add(transfer.op)
+            ledger = Counter()
+            for transfer in optimized.ledger.transfers:
+                if transfer.kind in STEP_KINDS:
+                    ledger[transfer.tensor] += transfer.bytes
+            shared = sum(searched[t] - ledger[t] for t, ops in readers.items()
+                         if len(ops) > 1 and searched[t] > ledger[t])
+            ways = tuple(level.ways for level in plan.levels)
+            out[f"{model}@{shape}"] = {
+                "search_bytes": [level.total_bytes for level in plan.levels],
+                "ledger_bytes": list(optimized.ledger.step_bytes_per_level(ways)),
+                "shared_reads_excess": shared}
+            print(f"{model} @ {shape}: search {plan.total_bytes:.0f} B, ledger "
+                  f"{optimized.ledger.step_bytes} B", flush=True)
+    return out
+
+
 def table(stored: dict) -> str:
     results = stored.get("results", {})
     lines = ["| config | devices | ops | search s (median) | search s before | plan GiB | "
@@ -297,6 +345,20 @@ def table(stored: dict) -> str:
                      "last column fixes level 1 (states and choices) to the joint optimum's and"
                      " solves the levels below: equal to the joint optimum, the whole gap is "
                      "level 1 chosen by its own cost alone.")
+    if stored.get("accounts"):
+        lines += ["", "| tiny model @ topology | search B (per level) | ledger B (per level) | "
+                      "search / ledger | search's excess on tensors 2+ ops fetch, B |",
+                  "|---|---|---|---|---|"]
+        for name, row in sorted(stored["accounts"].items()):
+            search, ledger = sum(row["search_bytes"]), sum(row["ledger_bytes"])
+            lines.append(f"| {name} | {search:.0f} ({' + '.join(f'{b:.0f}' for b in row['search_bytes'])}) | "
+                         f"{ledger} ({' + '.join(map(str, row['ledger_bytes']))}) | "
+                         f"{search / ledger:.3f} | {row['shared_reads_excess']:.0f} |")
+        lines.append("\nSearch: the plan's bytes as the search prices them (each level's cut "
+                     "within its groups, every op's read on its own); ledger: what the emitted "
+                     "step moves (equal to rewrite/pricing.py's prediction, which the verifier "
+                     "checks). Where two ops read the same region a device lacks, the emitter "
+                     "sends it once and the search counts it per reader (last column).")
     if stored.get("machines"):
         lines += ["", "| section | machine | reference loop s |", "|---|---|---|"]
         for section, row in sorted(stored["machines"].items()):
@@ -316,7 +378,8 @@ def main(argv) -> int:
     runs = {"configs": ("depth_doubling", lambda: configs(stored)),
             "end_to_end": ("end_to_end", lambda: end_to_end(FLAGS.repeats)),
             "backends": ("backends", lambda: backends(FLAGS.repeats)),
-            "loaded": ("loaded", lambda: loaded(FLAGS.repeats)), "gap": ("gap", gap)}
+            "loaded": ("loaded", lambda: loaded(FLAGS.repeats)), "gap": ("gap", gap),
+            "accounts": ("accounts", accounts)}
     if sections - runs.keys():
         raise app.UsageError(f"unknown --sections {sorted(sections - runs.keys())}; "
                              f"choose from {sorted(runs)}")
