@@ -145,6 +145,15 @@ def _layers():
         "upsample3d-conv1d-transpose": _classifier((4, 4, 4, 2), lambda: [
             L.UpSampling3D(2), L.Conv3D(2, 3, strides=2), L.GlobalAveragePooling3D(),
             L.Reshape((2, 1)), L.Conv1DTranspose(3, 3, strides=2, padding="same")]),
+        # Strides that do not divide odd sizes, on 3 devices (uneven parts everywhere).
+        "odd-sizes-strides": _classifier((11, 13, 3), lambda: [
+            L.Conv2D(5, 4, strides=3, padding="same"),
+            L.Conv2DTranspose(4, 4, strides=3, padding="same"),
+            L.DepthwiseConv2D(3, dilation_rate=2, padding="same", depth_multiplier=3),
+            L.AveragePooling2D((3, 2), strides=(2, 3), padding="same"),
+            L.Reshape((-1, 12)), L.Conv1D(6, 5, strides=3),
+            L.Conv1D(4, 2, padding="causal", dilation_rate=3),
+            L.MaxPooling1D(2, padding="same")]),
         # TensorFlow's 3-D max pooling has no float64 kernel: this one runs in float32.
         "conv3d-pool3d": _classifier((6, 7, 6, 2), lambda: [
             L.Conv3D(4, 3, strides=(1, 2, 1), padding="same", activation="relu"),
@@ -157,8 +166,9 @@ LAYERS = ["conv1d-dilated-causal", "conv2d-dilated-same", "conv2d-transpose-sepa
           "roll-shifted-windows", "pixel-shuffle-band", "conv3d-pool3d", "conv-groups",
           "conv1d-conv3d-groups", "attention-causal-norm", "bidirectional-timedistributed",
           "conv-transpose-output-padding", "attention-2d-axes", "einsum-dense-norm-axes",
-          "masked-lstm", "upsample3d-conv1d-transpose"]
+          "masked-lstm", "upsample3d-conv1d-transpose", "odd-sizes-strides"]
 FLOAT32 = {"conv3d-pool3d"}
+DEVICES = {"odd-sizes-strides": 3}
 # The op types that stand in for a layer (TensorFlow's lowering), per model.
 BLOCKED = {"SpaceToBatchND", "BatchToSpaceND"}
 DEPTHWISE = {"DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput",
@@ -166,6 +176,7 @@ DEPTHWISE = {"DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput",
 STANDS_IN_FOR = {
     "conv2d-transpose-separable": DEPTHWISE, "conv-groups": DEPTHWISE | BLOCKED,
     "conv1d-dilated-causal": BLOCKED, "conv2d-dilated-same": BLOCKED,
+    "odd-sizes-strides": DEPTHWISE | BLOCKED,
     "resize-bilinear-nearest": {"ResizeBilinear", "ResizeBilinearGrad",
                                 "ResizeNearestNeighbor", "ResizeNearestNeighborGrad"},
     "roll-shifted-windows": {"Roll"},
@@ -181,7 +192,7 @@ def test_stock_keras_layers_train_like_tf_function(name):
     with keras_float(dtype):
         reference, reference_step, batch = user_train_step(build)
         mine, my_step, _ = user_train_step(build)
-    partitioned = tofu_tf.function(my_step, num_devices=4)
+    partitioned = tofu_tf.function(my_step, num_devices=DEVICES.get(name, 4))
     whole = tf.function(reference_step)
     rng = np.random.default_rng(1)
     for _ in range(2):
