@@ -24,7 +24,8 @@ Sections (each merged into bench/results/search.json; the tables go to search.md
 - accounts: on the tiny reference models at 2, 4, 8, 2x4 and 2x2x2, the bytes the search
   prices its plan at against the bytes the emitted step moves (its ledger), per level, and
   how much of the search's excess is on tensors that two or more ops read from other
-  devices (the emitter sends a region a device lacks once, whoever reads it).
+  devices (the emitter sends a region a device lacks once, whoever reads it); without and
+  with `Options.shared_reads` (views: such a tensor priced once).
 
 Each section records the machine it last ran on: the CPU, and the median seconds of a
 fixed interpreter loop that uses none of this package (`common.reference_loop_seconds`),
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import itertools
 import json
 import os
 import statistics
@@ -253,11 +255,14 @@ def accounts(shapes=("2", "4", "8", "2x4", "2x2x2")) -> dict:
     for model in ("mlp", "wresnet", "lstm", "transformer"):
         step = build(model, optimizer="sgd", graph_only=True, batch_size=8)
         graph = import_graph_def(step.graph_def, step.fetches, feeds=list(step.feeds)).graph
-        for shape in shapes:
+        for shape, shared in itertools.product(shapes, (False, True)):
             topology = Topology.parse(shape)
-            plan = make_plan(graph, topology, options=Options(flop_bytes=FLAGS.flop_bytes))
+            options = Options(flop_bytes=FLAGS.flop_bytes, shared_reads=shared)
+            start = time.perf_counter()
+            plan = make_plan(graph, topology, options=options)
+            seconds = time.perf_counter() - start
             optimized = optimize(step.graph_def, step.fetches, feeds=list(step.feeds),
-                                 plan=plan)
+                                 plan=plan, options=options)
             searched, readers = Counter(), {}
             for level in plan.levels:
                 for transfer in level.transfers:
@@ -268,15 +273,16 @@ def accounts(shapes=("2", "4", "8", "2x4", "2x2x2")) -> dict:
             for transfer in optimized.ledger.transfers:
                 if transfer.kind in STEP_KINDS:
                     ledger[transfer.tensor] += transfer.bytes
-            shared = sum(searched[t] - ledger[t] for t, ops in readers.items()
+            excess = sum(searched[t] - ledger[t] for t, ops in readers.items()
                          if len(ops) > 1 and searched[t] > ledger[t])
             ways = tuple(level.ways for level in plan.levels)
-            out[f"{model}@{shape}"] = {
+            out[f"{model}@{shape}" + (" shared reads" if shared else "")] = {
                 "search_bytes": [level.total_bytes for level in plan.levels],
                 "ledger_bytes": list(optimized.ledger.step_bytes_per_level(ways)),
-                "shared_reads_excess": shared}
-            print(f"{model} @ {shape}: search {plan.total_bytes:.0f} B, ledger "
-                  f"{optimized.ledger.step_bytes} B", flush=True)
+                "shared_reads_excess": excess, "search_seconds": seconds}
+            print(f"{model} @ {shape}{' shared reads' if shared else ''}: search "
+                  f"{plan.total_bytes:.0f} B, ledger {optimized.ledger.step_bytes} B",
+                  flush=True)
     return out
 
 
@@ -347,18 +353,28 @@ def table(stored: dict) -> str:
                      "level 1 chosen by its own cost alone.")
     if stored.get("accounts"):
         lines += ["", "| tiny model @ topology | search B (per level) | ledger B (per level) | "
-                      "search / ledger | search's excess on tensors 2+ ops fetch, B |",
-                  "|---|---|---|---|---|"]
-        for name, row in sorted(stored["accounts"].items()):
+                      "search / ledger | search's excess on tensors 2+ ops fetch, B | "
+                      "ledger with / without shared reads | search s |",
+                  "|---|---|---|---|---|---|---|"]
+        accounts = stored["accounts"]
+        for name, row in sorted(accounts.items()):
             search, ledger = sum(row["search_bytes"]), sum(row["ledger_bytes"])
+            plain = accounts.get(name.removesuffix(" shared reads"))
+            ratio = (f"{ledger / sum(plain['ledger_bytes']):.3f}"
+                     if name.endswith("shared reads") and plain else "")
+            seconds = f"{row['search_seconds']:.2f}" if "search_seconds" in row else "-"
             lines.append(f"| {name} | {search:.0f} ({' + '.join(f'{b:.0f}' for b in row['search_bytes'])}) | "
                          f"{ledger} ({' + '.join(map(str, row['ledger_bytes']))}) | "
-                         f"{search / ledger:.3f} | {row['shared_reads_excess']:.0f} |")
+                         f"{search / ledger:.3f} | {row['shared_reads_excess']:.0f} | {ratio} | "
+                         f"{seconds} |")
         lines.append("\nSearch: the plan's bytes as the search prices them (each level's cut "
                      "within its groups, every op's read on its own); ledger: what the emitted "
                      "step moves (equal to rewrite/pricing.py's prediction, which the verifier "
                      "checks). Where two ops read the same region a device lacks, the emitter "
-                     "sends it once and the search counts it per reader (last column).")
+                     "sends it once; without shared reads the search counts it per reader "
+                     "(excess column); with them (`Options(shared_reads=True)`, rows marked) "
+                     "the readers read through a view the search may assemble once. Search "
+                     "s: make_plan, one run.")
     if stored.get("machines"):
         lines += ["", "| section | machine | reference loop s |", "|---|---|---|"]
         for section, row in sorted(stored["machines"].items()):

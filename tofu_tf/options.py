@@ -77,9 +77,17 @@ class Options:
     # On a topology of several levels, solve all levels at once (search/joint.py) when
     # that problem has at most this many joint choices (op choices under every state
     # combination of their groups, summed over ops), and keep its plan where it moves
-    # fewer bytes than the recursion's, which fixes each level before the next. 0: the
-    # recursion alone. Bytes objective, no memory budget.
+    # fewer bytes than the recursion's, which fixes each level before the next. With
+    # shared_reads, on graphs under 2000 ops, also the recursion's plan without them
+    # priced with them (search/recursive.py: the two accounts pick different upper levels).
+    # 0: the recursion alone. Bytes objective, no memory budget.
     joint_choices: int = 10_000
+    # Price a tensor that several ops read from other devices as the emitter moves it: a
+    # region a device lacks is received once, whoever reads it. Its readers read it through
+    # a view (search/problem.with_views) that may be assembled whole on every part once
+    # (state G(d), search/cost.py) instead of each reader fetching its own region. False:
+    # every read is priced on its own.
+    shared_reads: bool = False
     # How partial results are combined in the emitted graph.
     collectives: Collectives = Collectives.AUTO
     # What decides between candidate plans (storage policies, memory weights): bytes, or

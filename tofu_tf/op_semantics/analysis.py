@@ -44,14 +44,17 @@ def part_range(extent: int, k: int, part: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class OutputState:
-    """How an output is held after the op: Split on a dim, Replicated, or Partial."""
+    """How an output is held after the op: Split on a dim, Replicated, or Partial. A
+    stored Split may be `gathered` (the search's G(d), search/cost.py): stored as Split
+    on dim, assembled whole on every part once for the ops that read it."""
     kind: str                    # "split" | "replicated" | "partial"
     dim: int | None = None
     reducer: str | None = None
+    gathered: bool = False
 
     def __str__(self) -> str:
         if self.kind == "split":
-            return f"S({self.dim})"
+            return f"G({self.dim})" if self.gathered else f"S({self.dim})"
         if self.kind == "partial":
             return f"P({self.reducer})"
         return "R"

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Hashable, Mapping
 
 from tofu_tf.graph import Graph, Op, Role
 from tofu_tf.op_semantics.analysis import Strategy
@@ -32,6 +32,7 @@ from tofu_tf.op_semantics.catalog import DESCRIBED, OpEntry
 
 GRADIENT_SUMS = ("AddN", "AddV2", "Add")
 SIBLINGS = 3            # same-shape outputs (or inputs) of one op that tie (rule 6)
+TIED_VIEWS = 4          # views of one key that form one group (with_views)
 
 
 class _UnionFind:
@@ -208,3 +209,28 @@ def coarsen(graph: Graph, entries: Mapping[str, OpEntry]) -> CoarseGraph:
     c.time_steps()
     c.siblings()
     return c.result()
+
+
+def with_views(coarse: CoarseGraph, views: Mapping[str, tuple[str, Hashable]]
+               ) -> CoarseGraph:
+    """`coarse` with the views (view tensor -> (the tensor it stands for, its key),
+    problem.with_views) as groups placed in the chain beside their tensors': `TIED_VIEWS`
+    or more views of one key (a coarse group's tensors read alike: an RNN's steps) form
+    one group, as their tensors share one (apart, they would widen the DP's tables past
+    its bound); any other two views are apart, each free to gather or not."""
+    if not views:
+        return coarse
+    group_of, members = dict(coarse.group_of), list(coarse.members)
+    position = list(coarse.position)
+    tied = defaultdict(list)
+    for view, (tensor, key) in sorted(views.items()):
+        tied[key].append((view, tensor))
+    for key in sorted(tied, key=lambda k: min(v for v, _ in tied[k])):
+        views_of_key = tied[key]
+        for together in ([views_of_key] if len(views_of_key) >= TIED_VIEWS
+                         else [[pair] for pair in views_of_key]):
+            for view, _ in together:
+                group_of[view] = len(members)
+            members.append(tuple(view for view, _ in together))
+            position.append(coarse.position[coarse.group_of[together[0][1]]])
+    return CoarseGraph(group_of, tuple(members), tuple(position), coarse.ties)

@@ -13,6 +13,9 @@ Convert — op output produced as boxes B_p (Split or R), stored in state X:
 Convert — a Partial output (ring collectives, k parts):
     stored Split(d): reduce-scatter, bytes = itemsize * (k - 1) * N
     stored R:        all-reduce,     bytes = itemsize * 2 * (k - 1) * N
+A view (problem.with_views: what the ops that share a tensor read it through) may also be
+G(d): stored as Split(d) and assembled whole on every part once, its conversion Split(d)'s
+plus sum_p (N - |H_p(Split(d))|) (a Partial one: the all-reduce), its fetches nothing.
 With a topology level, time = bytes / (k * bandwidth) + latency per transfer: the k parts
 move their shares in parallel over their own links.
 
@@ -40,16 +43,30 @@ ALL_REDUCE_FACTOR = 2        # reduce-scatter, then all-gather
 
 
 @functools.lru_cache(maxsize=None)
-def tensor_states(shape: tuple[int, ...], k: int, replicate_below: int | None = 0
-                  ) -> tuple[OutputState, ...]:
+def tensor_states(shape: tuple[int, ...], k: int, replicate_below: int | None = 0,
+                  gathers: bool = False) -> tuple[OutputState, ...]:
     """Stored states of a tensor at a k-way cut: Split(d) for every dim of size >= k; R
     only for a tensor that cannot be split or has fewer than `replicate_below` elements
-    (None: always allowed). Every other tensor is stored partitioned."""
+    (None: always allowed). Every other tensor is stored partitioned; with `gathers`, also
+    G(d) for each of its splits: stored as Split(d) and assembled whole on every part
+    once, for all the ops that read it (last, so that ties keep the plain states)."""
     splits = tuple(Split(d) for d, n in enumerate(shape) if n >= k)
     if replicate_below is None or not splits or \
             int(np.prod(shape, dtype=np.int64)) < replicate_below:
         return splits + (REPLICATED,)
+    if gathers:
+        return splits + tuple(gathered(s) for s in splits)
     return splits
+
+
+def gathered(state: OutputState) -> OutputState:
+    """G(d) of Split(d); the plain Split(d) of G(d) is `stored(...)`."""
+    return OutputState("split", dim=state.dim, gathered=True)
+
+
+def stored(state: OutputState) -> OutputState:
+    """What a state keeps on each part: Split(d) for G(d), else the state itself."""
+    return Split(state.dim) if state.gathered else state
 
 
 def held_box(shape: tuple[int, ...], state: OutputState, k: int, part: int) -> Box:

@@ -87,7 +87,8 @@ class StateTree:
 
 
 def _empty_problem(base: Problem, k: int, tensors: dict[str, TensorSpec]) -> Problem:
-    return Problem(k, [], tensors, base.replicable, base.replicate_below)
+    return Problem(k, [], tensors, base.replicable, base.replicate_below,
+                   views=base.views)
 
 
 def _part_tensors(problem: Problem, states: dict[str, OutputState], k_next: int
@@ -153,7 +154,8 @@ class _Walk:
     def root(self, model: LevelModel, op: ProblemOp) -> _Context:
         tensors = {t: model.problem.tensors[t] for t in op.inputs + op.outputs}
         problem = Problem(model.problem.k, [op], tensors, self.base.replicable,
-                          self.base.replicate_below, {op.name: model.problem.choices[op.name]})
+                          self.base.replicate_below, {op.name: model.problem.choices[op.name]},
+                          views=self.base.views)
         return _Context(problem, [merged_vectors(self.coarse.group_of, entries)
                                   for entries in model.priced(op.name)], model.work(op.name))
 
@@ -178,7 +180,8 @@ class _Walk:
                  price: float) -> _Context:
         """The op's choices at a deeper level, each transfer costing `price` (the level's
         price, level.level_models)."""
-        problem = Problem(k, [op], tensors, self.base.replicable, self.base.replicate_below)
+        problem = Problem(k, [op], tensors, self.base.replicable, self.base.replicate_below,
+                          views=self.base.views)
         chosen = self._templates(problem, op)
         keys = [[(id(choice), slot, tensors[tensor].shape) for slot, tensor in
                  _slots(choice, op)] for choice in chosen]
@@ -405,7 +408,7 @@ def joint_model(graph: Graph, topology: Topology, *,
     entries = entries if entries is not None else catalog(graph, strict=True)
     coarse = coarse if coarse is not None else coarsen(graph, entries)
     root = next(level_models(graph, topology, entries, coarse, options, storage, cache))
-    base, ways = root.problem, topology.ways
+    base, ways, coarse = root.problem, topology.ways, root.coarse      # with the views
     scopes = {op.name: tuple(sorted({coarse.group_of[t] for t in op.inputs + op.outputs}))
               for op in base.ops}
     if len(ways) > 1:       # each level-1 choice under each state of its groups: >= 1 each

@@ -43,10 +43,11 @@ from tofu_tf.op_semantics.analysis import OutputState
 from tofu_tf.op_semantics.catalog import OpEntry, catalog
 from tofu_tf.options import Options, VariableStorage
 from tofu_tf.search import dp
-from tofu_tf.search.coarsen import CoarseGraph, coarsen
+from tofu_tf.search.coarsen import CoarseGraph, coarsen, with_views
+from tofu_tf.search.cost import stored
 from tofu_tf.search.problem import (REPLICATE, Choice, OpVectors, Problem, ProblemOp,
                                     SearchCache, build_choices, cost_vectors, part0_shape,
-                                    root_problem, sub_problem, tensor_at)
+                                    root_problem, sub_problem, tensor_at, viewed)
 from tofu_tf.search.profiles import flop_bytes, op_flops, transfer_bytes
 from tofu_tf.search.topology import Topology
 
@@ -362,6 +363,25 @@ def fixed_result(model: LevelModel, assignment: tuple[int, ...], labels: dict[st
                      {op: index[op][labels[op]] for op in model.vectors})
 
 
+def views_result(model: LevelModel, assignment: tuple[int, ...]) -> LevelResult:
+    """The level's best result with the states of its first len(assignment) groups fixed
+    (the groups of a model without views, problem.with_views: the views come last) and
+    the views' states free: the exact DP under those clamps, each op its cheapest choice."""
+    start = time.perf_counter()
+    fixed = len(assignment)
+    factors = []                      # the factors with the fixed groups' axes taken
+    for factor in model.factors(ranked=True)[0]:
+        free = tuple(g for g in factor.scope if g >= fixed)
+        if free:
+            factors.append(dp.Factor(free, factor.table[tuple(
+                assignment[g] if g < fixed else slice(None) for g in factor.scope)]))
+    solution = dp.solve(model.domains, factors,
+                        order=sorted(range(len(model.domains)),
+                                     key=lambda g: model.coarse.position[g]))
+    return result_of(model, tuple(assignment) + solution.assignment[fixed:], solution.exact,
+                     time.perf_counter() - start)
+
+
 def result_of(model: LevelModel, assignment, exact: bool, seconds: float,
               chosen: dict[str, int] | None = None) -> LevelResult:
     """The level's result under a group assignment: each op's cheapest choice under it,
@@ -374,7 +394,7 @@ def result_of(model: LevelModel, assignment, exact: bool, seconds: float,
                     for _, moved in model.moved(op, c, assignment))
     work = (float(sum(model.work(op)[c] for op, c in chosen.items()))
             if model.flop_bytes else 0.0)
-    states = {t: model.group_states(g)[assignment[g]]
+    states = {t: stored(model.group_states(g)[assignment[g]])
               for g, members in enumerate(model.coarse.members) for t in members}
     labels = {op: model.problem.choices[op][c].label for op, c in chosen.items()}
     breakdown = [(op, tensor, moved) for op, c in chosen.items()
@@ -406,7 +426,9 @@ def level_models(graph: Graph, topology: Topology, entries: dict[str, OpEntry] |
                   else frozenset())
     problem: Problem = root_problem(graph, entries, topology.levels[0].ways,
                                     replicable=replicable,
-                                    replicate_below=options.replicate_below, cache=cache)
+                                    replicate_below=options.replicate_below, cache=cache,
+                                    group_of=coarse.group_of if options.shared_reads else None)
+    coarse = with_views(coarse, {v: (viewed(v), key) for v, key in problem.views.items()})
     work, latency = flop_bytes(options), transfer_bytes(options)
     for index, level in enumerate(topology.levels):
         # A transfer between two groups of this level is one between each of their

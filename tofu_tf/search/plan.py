@@ -22,7 +22,7 @@ from tofu_tf.errors import PlanInfeasibleError, TofuError
 from tofu_tf.graph import Graph
 from tofu_tf.options import Options, Recompute
 from tofu_tf.search.memory import single_device_peak
-from tofu_tf.search.problem import SearchCache
+from tofu_tf.search.problem import SearchCache, viewed
 from tofu_tf.search.recursive import SearchResult, deadline_of, search
 from tofu_tf.search.topology import Level, Topology
 
@@ -259,11 +259,13 @@ def human_bytes(num_bytes: float) -> str:
 def plan_from_search(result: SearchResult, graph: Graph) -> Plan:
     levels = []
     for level, spec, groups in zip(result.levels, result.topology.levels, result.multipliers):
-        group_states = {result.coarse.group_of[t]: str(s) for t, s in level.states.items()}
+        group_states = {result.coarse.group_of[t]: str(s) for t, s in level.states.items()
+                        if viewed(t) is None}
+        choices = {op: c for op, c in level.choices.items() if viewed(op) is None}
         levels.append(LevelPlan(
-            spec.ways, spec.bandwidth, spec.latency, groups, group_states,
-            dict(level.choices), level.bytes, level.exact,
-            tuple(Transfer(op, t, b) for op, t, b in level.breakdown), level.work))
+            spec.ways, spec.bandwidth, spec.latency, groups, group_states, choices,
+            level.bytes, level.exact, tuple(_transfer(graph, op, t, b)
+                                            for op, t, b in level.breakdown), level.work))
     peak = result.memory.peak_bytes if result.memory is not None else 0
     single = result.unpartitioned or single_device_peak(graph)
     return Plan(tuple((lvl.ways, lvl.bandwidth, lvl.latency) for lvl in result.topology.levels),
@@ -271,6 +273,15 @@ def plan_from_search(result: SearchResult, graph: Graph) -> Plan:
                 dict(result.coarse.group_of), {op.name: op.type for op in graph},
                 result.variable_storage.value, (peak,) * result.topology.num_devices,
                 single.peak_bytes)
+
+
+def _transfer(graph: Graph, op: str, tensor: str, moved: float) -> Transfer:
+    """A search transfer in the graph's names: a view's (problem.with_views) is its
+    tensor's, the view's assembly its producer's conversion."""
+    seen = viewed(tensor)
+    if seen is None:
+        return Transfer(op, tensor, moved)
+    return Transfer(graph.producer(seen).name if viewed(op) else op, seen, moved)
 
 
 # Memory weights a budgeted search tries: bytes moved per byte stored on a device.

@@ -15,6 +15,8 @@ state of each touched tensor (formulas in cost.py), batched through one `overlap
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -87,7 +89,7 @@ class SearchCache:
     local_ops: dict = field(default_factory=dict)
     parts: dict = field(default_factory=dict)        # (signature, label, k) -> k LocalOps
     kinds: dict = field(default_factory=dict)        # (shape, states) -> kind id
-    root: tuple | None = None                        # (graph, root ops, root tensors)
+    root: tuple | None = None          # (graph, root ops, root tensors, with_views of them)
     geometries: dict = field(default_factory=dict)   # geometry -> id
     templates: dict = field(default_factory=dict)    # template value -> id
     locals: dict = field(default_factory=dict)       # (geometry, label) -> next level's op
@@ -110,11 +112,18 @@ class Problem:
     choices: dict[str, list[Choice]] = field(default_factory=dict)
     cache: "SearchCache" = field(default_factory=lambda: SearchCache())
     geometries: dict[str, int | None] = field(default_factory=dict)   # op -> geometry id
+    # Views (`with_views`, Options.shared_reads): the tensors the readers of a tensor that
+    # two or more ops read take it from, which may also be G(d) (cost.tensor_states); per
+    # view the key that ties it to others in one group (coarsen.with_views).
+    views: Mapping[str, tuple] = field(default_factory=dict)
     _kinds: dict = field(default_factory=dict, repr=False)       # tensor -> kind id
 
     def states(self, tensor: str) -> tuple[OutputState, ...]:
-        below = None if tensor in self.replicable else self.replicate_below
-        return tensor_states(self.tensors[tensor].shape, self.k, below)
+        """Its stored states; a view's are its tensor's, and G(d) where R is not one."""
+        view = tensor in self.views
+        replicable = (viewed(tensor) if view else tensor) in self.replicable
+        return tensor_states(self.tensors[tensor].shape, self.k,
+                             None if replicable else self.replicate_below, view)
 
     def kind(self, tensor: str) -> int:
         """What a choice's boxes and vectors depend on of a tensor — its shape and states —
@@ -333,19 +342,23 @@ class _Batch:
 
 @dataclass(frozen=True)
 class _Columns:
-    """A tensor's `overlaps` columns in `Problem.states` order (D: replicated), and per
-    state what `_finish` weighs it by."""
+    """A tensor's `overlaps` columns in `Problem.states` order (D: replicated; a G(d)
+    keeps dim d), and per state what `_finish` weighs it by."""
     cols: np.ndarray
     replicated: np.ndarray            # 1 where the state is R, else 0
+    gathered: np.ndarray              # 1 where the state is G(d), else 0
+    whole: np.ndarray                 # 1 where every part holds all of it once read: R, G
     reduce_factors: np.ndarray        # a Partial output's reduction, per stored state
 
     @staticmethod
     def of(problem: Problem, tensor: str, rank: int) -> "_Columns":
-        cols = [rank if s.kind == "replicated" else s.dim for s in problem.states(tensor)]
-        return _Columns(np.array(cols, dtype=np.intp),
-                        np.array([1 if c == rank else 0 for c in cols], dtype=np.int64),
-                        np.array([ALL_REDUCE_FACTOR if c == rank else REDUCE_SCATTER_FACTOR
-                                  for c in cols]))
+        states = problem.states(tensor)
+        cols = [rank if s.kind == "replicated" else s.dim for s in states]
+        replicated = np.array([1 if c == rank else 0 for c in cols], dtype=np.int64)
+        gathered = np.array([1 if s.gathered else 0 for s in states], dtype=np.int64)
+        whole = replicated + gathered
+        return _Columns(np.array(cols, dtype=np.intp), replicated, gathered, whole,
+                        np.where(whole > 0, ALL_REDUCE_FACTOR, REDUCE_SCATTER_FACTOR))
 
 
 class OpVectors(Mapping):
@@ -460,6 +473,9 @@ def _finish(problem, entry, volumes, pairs, rank, columns
     bytes each device really receives:
     fetch  += extra copies of delivered input elements (the same for every state);
     convert, replicated state += (k - 1) x the stored elements produced outside the group.
+    A G(d) state is stored as Split(d) and then assembled whole on every part, once: its
+    conversion is Split(d)'s plus what each part lacks of the whole (a Partial one reduces
+    as for R, an all-reduce), and its reads fetch nothing more, as from R.
     Transfers, as the emitter makes them: a fetch, the (receiver, holder) pairs whose
     regions meet (cost.partners; none from R); a split output, the (producer, keeper)
     pairs; a Partial one, the ring's k (k - 1) messages per pass (two for R); at least one
@@ -471,30 +487,34 @@ def _finish(problem, entry, volumes, pairs, rank, columns
     cols, k = found.cols, problem.k
     if kind == "fetch":
         row = volumes[first]
-        moved = spec.itemsize * (row[rank] - row[cols] + second)
-        count = pairs[first][cols] * (1 - found.replicated)
+        moved = spec.itemsize * (row[rank] - np.where(found.whole > 0, row[rank], row[cols])
+                                 + second)
+        count = pairs[first][cols] * (1 - found.whole)
     elif kind == "partial":                      # second: |domain|
         moved = spec.itemsize * (k - 1) * second * found.reduce_factors
         count = k * (k - 1) * found.reduce_factors
     else:
         produced_index, outside = second
-        copies = found.replicated * ((k - 1) * outside)
+        copies = found.whole * ((k - 1) * outside)
         if kind == "replicated":                 # every part produced the whole domain
             moved = spec.itemsize * copies
             count = np.zeros(len(cols), dtype=np.int64)
         else:
             held = volumes[first][cols]          # sum_p |H_p(X) ∩ domain|
-            moved = spec.itemsize * (held - volumes[produced_index][cols] + copies)
-            count = pairs[produced_index][cols]
+            gather = found.gathered * (volumes[first][rank] - held)   # the rest, once
+            moved = spec.itemsize * (held - volumes[produced_index][cols] + copies + gather)
+            count = pairs[produced_index][cols] + found.gathered * k * (k - 1)
     return position, moved, np.where(moved > 0, np.maximum(count, 1), 0)
 
 
 # -- building problems ---------------------------------------------------------------------
 
 def root_problem(graph, entries, k: int, replicable=frozenset(),
-                 replicate_below: int = 0, cache: SearchCache | None = None) -> Problem:
-    """Level 1: the planner graph's ops (catalog entries) and tensors. Every policy's root
-    shares one list of ops and tensors through the cache."""
+                 replicate_below: int = 0, cache: SearchCache | None = None,
+                 group_of: Mapping[str, int] | None = None) -> Problem:
+    """Level 1: the planner graph's ops (catalog entries) and tensors; given the coarse
+    groups (`group_of`), with the views of `with_views`. Every policy's root shares one
+    list of ops and tensors through the cache."""
     cache = cache or SearchCache()
     if cache.root is None or cache.root[0] is not graph:
         tensors = {name: TensorSpec(name, t.shape, t.dtype)
@@ -512,9 +532,87 @@ def root_problem(graph, entries, k: int, replicable=frozenset(),
             ops.append(ProblemOp(op.name, entry.semantics, entry.strategies,
                                  tuple(op.inputs), outputs, offsets, entry.signature,
                                  template=template))
-        cache.root = (graph, ops, tensors)
-    _, ops, tensors = cache.root
+        cache.root = (graph, ops, tensors, None)
+    _, ops, tensors, viewed = cache.root
+    if group_of is not None:
+        if viewed is None:
+            viewed = with_views(graph, ops, tensors, cache, group_of)
+            cache.root = cache.root[:3] + (viewed,)
+        ops, tensors, names = viewed
+        return Problem(k, ops, tensors, frozenset(replicable), replicate_below, cache=cache,
+                       views=names)
     return Problem(k, ops, tensors, frozenset(replicable), replicate_below, cache=cache)
+
+
+VIEW = "/read"           # a view op's name: its tensor's + VIEW (no graph op has a ':')
+SIBLING_VIEWS = 3        # inputs of one op from one coarse group read directly from this many
+
+
+def view_of(tensor: str) -> str:
+    """The view tensor of `tensor` (`with_views`)."""
+    return f"{tensor}{VIEW}:0"
+
+
+def viewed(name: str) -> str | None:
+    """The tensor a view op or view tensor stands for; None for the graph's own."""
+    head = name[:-2] if name.endswith(":0") else name
+    return head[:-len(VIEW)] if head.endswith(VIEW) and ":" in head else None
+
+
+def with_views(graph, ops: list[ProblemOp], tensors: dict[str, TensorSpec],
+               cache: SearchCache, group_of: Mapping[str, int]
+               ) -> tuple[list[ProblemOp], dict[str, TensorSpec], dict[str, tuple]]:
+    """(ops, tensors, view tensors) where a tensor two or more ops read (not a resource)
+    is read through a view: an Identity op of the search only, whose output the readers
+    take it from. The emitter sends a region a device lacks once, whoever reads it; a
+    view's states price that: the view stored as the tensor is (its Identity moves
+    nothing), each reader fetches its own region; or the view G(d): assembled whole on
+    every part once, the readers fetch nothing more (cost.tensor_states). A view is a
+    group of its own (coarsen.with_views), tied only to the views of the tensors of its
+    tensor's coarse group that are read alike (by ops of the same signatures, at the same
+    inputs: the steps of an RNN), so an op that reads `SIBLING_VIEWS` or more tensors of
+    one coarse group (a Pack of the steps) reads them directly, as one group; a tensor only
+    one op reads through a view has none. Plans leave views out (plan_from_search).
+    Per view: (its tensor's coarse group, how it is read), the key coarsen ties by."""
+    readers = collections.Counter(t for op in ops for t in set(op.inputs))
+    candidates = {t for t, n in readers.items()
+                  if n > 1 and not graph.tensors[t].is_resource and tensors[t].shape}
+    through: dict[str, list[str]] = {}               # op -> its inputs read through views
+    for op in ops:
+        mine = [t for t in dict.fromkeys(op.inputs) if t in candidates]
+        per_group = collections.Counter(group_of[t] for t in mine)
+        through[op.name] = [t for t in mine if per_group[group_of[t]] < SIBLING_VIEWS]
+    viewers = collections.Counter(t for reads in through.values() for t in reads)
+    shared = {t for t, n in viewers.items() if n > 1}
+    if not shared:
+        return ops, tensors, {}
+    read_as = collections.defaultdict(list)          # t -> (reader key, input index)
+    for op in ops:
+        for t in through[op.name]:
+            if t in shared:
+                read_as[t].append((op.key if op.key is not None else op.name,
+                                   op.inputs.index(t)))
+    out_tensors, out_ops, made = dict(tensors), [], set()
+    for op in ops:
+        reads = [t for t in through[op.name] if t in shared]
+        for t in reads:
+            if t in made:
+                continue
+            made.add(t)
+            spec, view = tensors[t], view_of(t)
+            out_tensors[view] = TensorSpec(view, spec.shape, spec.dtype)
+            sem, strategies, key = cache.semantics.get(
+                view[:-2], "Identity", {}, [spec.shape], [spec.dtype], [spec.shape],
+                [spec.dtype])
+            offsets = ((0,) * len(spec.shape),)
+            out_ops.append(ProblemOp(view[:-2], sem, strategies, (t,), (view,), offsets, key,
+                                     template=template_id(cache, key, offsets, (), ())))
+        if reads:
+            op = dataclasses.replace(op, inputs=tuple(view_of(t) if t in reads else t
+                                                      for t in op.inputs))
+        out_ops.append(op)
+    return out_ops, out_tensors, {view_of(t): (group_of[t], tuple(sorted(read_as[t], key=str)))
+                                  for t in sorted(shared)}
 
 
 def sub_problem(problem: Problem, states, choices, k: int, *, describe: bool = True
@@ -549,7 +647,8 @@ def sub_problem(problem: Problem, states, choices, k: int, *, describe: bool = T
             ops.append(ProblemOp(op.name, local.sem, local.strategies, op.inputs, op.outputs,
                                  local.input_offsets, local.key, local.reduce_domains,
                                  local.windows, local.template))
-    return Problem(k, ops, tensors, problem.replicable, problem.replicate_below, cache=cache)
+    return Problem(k, ops, tensors, problem.replicable, problem.replicate_below, cache=cache,
+                   views=problem.views)
 
 
 def part0_shape(shape, state, k: int) -> tuple[int, ...]:

@@ -34,7 +34,8 @@ from tofu_tf.options import Objective, Options, VariableStorage
 from tofu_tf.search.coarsen import CoarseGraph, coarsen
 from tofu_tf.search import joint
 from tofu_tf.search.level import (LevelModel, LevelResult, fixed_result,  # noqa: F401
-                                  level_models, solve_level, variable_tensors)
+                                  level_models, solve_level, variable_tensors,
+                                  views_result)
 from tofu_tf.search.memory import PlanMemory, plan_memory, single_device_peak
 from tofu_tf.search.pipeline import assign_stages
 from tofu_tf.search.cost import tensor_states
@@ -188,12 +189,21 @@ def _search(graph, topology, solver, entries, options, memory_weight, cache,
                             deadline)
         if joint_plan is not None:
             results.append(joint_plan)
+        if options.shared_reads and options.joint_choices and len(graph) < LARGE_GRAPH_OPS:
+            policy = results[0].variable_storage
+            plain = _recurse(graph, topology, entries, coarse,
+                             dataclasses.replace(options, shared_reads=False), policy, solver,
+                             cache, deadline)
+            results.append(_repriced(graph, topology, entries, coarse, options, policy,
+                                     [level.assignment for level in plain.levels[:-1]],
+                                     solver, cache, deadline))
     if memory_weight:          # memory decides too: estimate every candidate
         results = [r.with_memory(graph, stages) for r in results]
         best = min(results, key=lambda r: r.objective + memory_weight * r.memory.peak_bytes)
     else:
         best = min(results, key=lambda r: r.cost(objective))   # ties: the recursion's
-        if joint_plan is not None and best.objective <= joint_plan.objective:
+        if joint_plan is not None and joint_plan.joint and \
+                best.objective <= joint_plan.objective:
             best = dataclasses.replace(best, joint=True)        # it is a joint optimum too
     if best.last is None:      # the forked child's plan won: rebuild its last level's model
         best = dataclasses.replace(best, last=_replay(
@@ -210,22 +220,35 @@ def _joint(graph, topology, entries, coarse, options, solver, cache, deadline
     the joint optimum's states and choices, the last solved by `solver` (at least as good
     under them: so the plan moves exactly the joint optimum's bytes). None where it is
     larger or the joint DP would not be exact. Under either storage policy of AUTO the
-    replicable one: its plans include the partitioned one's."""
+    replicable one: its plans include the partitioned one's.
+
+    With `options.shared_reads`, views (problem.with_views) add ops and groups, and the
+    joint problem outgrows its bounds sooner: then the joint optimum without views fixes
+    the groups of every level but the last, the views' states are chosen under them
+    (level.views_result), and the plan, priced with views, is one more candidate."""
     if len(graph) > options.joint_choices:     # every op has a joint choice at least
         return None
     storage = (VariableStorage.PARTITIONED
                if options.variable_storage is VariableStorage.PARTITIONED
                else VariableStorage.REPLICABLE)
     start = time.perf_counter()
-    try:
-        model = joint.joint_model(graph, topology, entries=entries, coarse=coarse,
-                                  options=options, storage=storage, cache=cache,
-                                  max_joint_choices=options.joint_choices)
-        best = model.solve()
-    except TofuError as err:                  # too large, or the DP not exact
-        logging.debug("no joint search: %s", err)
+    tries = [options] + ([dataclasses.replace(options, shared_reads=False)]
+                         if options.shared_reads else [])
+    for tried in tries:
+        try:
+            model = joint.joint_model(graph, topology, entries=entries, coarse=coarse,
+                                      options=tried, storage=storage, cache=cache,
+                                      max_joint_choices=options.joint_choices)
+            best = model.solve()
+            break
+        except TofuError as err:                  # too large, or the DP not exact
+            logging.debug("no joint search (shared reads %s): %s", tried.shared_reads, err)
+    else:
         return None
     fixed = model.fixed_levels(best.leaves)
+    if tried is not options:                      # the joint optimum without views
+        return _repriced(graph, topology, entries, coarse, options, storage,
+                         [states for states, _ in fixed], solver, cache, deadline)
     solved = 0
 
     def solve(level_model: LevelModel) -> LevelResult:
@@ -244,6 +267,29 @@ def _joint(graph, topology, entries, coarse, options, solver, cache, deadline
             fix="report this; Options(joint_choices=0) plans by the recursion alone.")
     logging.debug("joint search: %.0f B in %.2f s", best.cost, time.perf_counter() - start)
     return dataclasses.replace(result, joint=True)
+
+
+def _repriced(graph, topology, entries, coarse, options, storage, upper, solver, cache,
+              deadline) -> SearchResult:
+    """A plan of the search without views, priced with them (`options.shared_reads`): the
+    groups of every level but the last in the states `upper` (per level, an assignment of
+    the model without views), the views' states chosen under them (level.views_result),
+    the last level solved by `solver`. Views bring each level's account closer to what
+    the emitter moves and so move each level's optimum; but the recursion fixes a level
+    by its own cost alone, without the levels below, and the upper levels the account
+    without views chose may leave cheaper ones below (the tiny LSTM at 2x2x2: 346580 B
+    against 362536 B with views throughout, both priced with views)."""
+    solved = 0
+
+    def solve(level_model: LevelModel) -> LevelResult:
+        nonlocal solved
+        solved += 1
+        if solved > len(upper):
+            return solver(level_model)
+        return views_result(level_model, upper[solved - 1])
+
+    return _recurse(graph, topology, entries, coarse, options, storage, solve, cache,
+                    deadline)
 
 
 def _replay(graph, topology, entries, coarse, options, policy, cache, levels

@@ -1,0 +1,86 @@
+"""Shared reads (Options.shared_reads): the ops that read one tensor read it through a
+view, which the search may assemble whole on every part once (G(d)); a region a device
+lacks is then priced once, as the emitter moves it. At one level the search's bytes are
+the emitted step's, and never more than without views."""
+
+from __future__ import annotations
+
+import pytest
+
+from tofu_tf.api import predict
+from tofu_tf.importer.graphdef_io import import_graph_def
+from tofu_tf.models import build
+from tofu_tf.op_semantics.analysis import Split
+from tofu_tf.op_semantics.catalog import catalog
+from tofu_tf.options import Options
+from tofu_tf.search.cost import gathered, stored, tensor_states
+from tofu_tf.search.plan import make_plan
+from tofu_tf.search.problem import viewed
+from tofu_tf.search.topology import Topology
+from tests.rewrite.equivalence import compare
+
+_IMPORTED = {}
+ON, OFF = Options(shared_reads=True), Options(shared_reads=False)
+
+
+def imported(name):
+    if name not in _IMPORTED:
+        step = build(name, optimizer="sgd", graph_only=True, batch_size=8)
+        graph = import_graph_def(step.graph_def, step.fetches, feeds=list(step.feeds))
+        _IMPORTED[name] = graph, catalog(graph.graph)
+    return _IMPORTED[name]
+
+
+def emitted_bytes(name, topology, options):
+    """(the search's bytes, the bytes the emitted step moves: rewrite/pricing.py, which
+    the verifier holds the ledger to) of the plan under `options`."""
+    graph, entries = imported(name)
+    plan = make_plan(graph.graph, Topology.parse(topology), options=options)
+    return plan.total_bytes, predict(plan, graph, entries)[0].predicted_bytes
+
+
+def test_gathered_states_come_after_the_plain_ones_and_store_as_splits():
+    states = tensor_states((8, 6), 2, 0, True)
+    assert states == (Split(0), Split(1), gathered(Split(0)), gathered(Split(1)))
+    assert [stored(s) for s in states[2:]] == [Split(0), Split(1)]
+    assert str(states[2]) == "G(0)" and states[2] != Split(0)
+    # where a tensor may be stored replicated, R already reads free: no G
+    assert tensor_states((8, 6), 2, None, True) == (Split(0), Split(1), tensor_states(
+        (8, 6), 2, None)[-1])
+
+
+@pytest.mark.parametrize("name", ["mlp", "lstm", "transformer"])
+@pytest.mark.parametrize("topology", ["2", "3", "8"])
+def test_one_level_search_bytes_are_the_emitted_bytes(name, topology):
+    searched, moved = emitted_bytes(name, topology, ON)
+    assert searched == moved
+    _, before = emitted_bytes(name, topology, OFF)
+    assert moved <= before
+
+
+@pytest.mark.parametrize("topology", ["2", "4"])
+def test_readers_of_one_split_region_are_still_priced_apart(topology):
+    """What views leave: a WResNet activation stored split on the batch whose two
+    readers take one channel slab (a convolution and its filter gradient) while others
+    read the batch part; the search prices the slab twice, the emitter moves it once.
+    The search's bytes are an upper bound, and still no more than without views."""
+    searched, moved = emitted_bytes("wresnet", topology, ON)
+    _, before = emitted_bytes("wresnet", topology, OFF)
+    assert moved <= searched and moved <= before
+
+
+def test_plans_leave_the_views_out():
+    graph, _ = imported("mlp")
+    plan = make_plan(graph.graph, Topology.parse("2x2"), options=ON)
+    names = {op.name for op in graph.graph}
+    assert set(plan.groups) == set(graph.graph.tensors)
+    for level in plan.levels:
+        assert set(level.choices) <= names
+        assert set(level.group_states) <= set(plan.groups.values())
+        assert all(viewed(t.tensor) is None and viewed(t.op) is None
+                   for t in level.transfers)
+
+
+@pytest.mark.parametrize("model,topology", [("wresnet", "4"), ("lstm", "2x2x2")])
+def test_shared_read_plans_train_like_the_unpartitioned_step(model, topology):
+    compare(model, "adam", dtype="float64", topology=topology, options=ON)
