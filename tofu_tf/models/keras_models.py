@@ -48,6 +48,15 @@ BACKBONES = {
     # encoder-decoder: both sides read the same ids (Whisper's encoder one-hot features)
     "t5": "T5Backbone", "bart": "BartBackbone", "whisper": "WhisperBackbone",
     "gemma3": "Gemma3Backbone",                    # text only (no vision encoder)
+    "smollm3": "SmolLM3Backbone",                  # its second layer without RoPE
+}
+# Arguments a backbone requires besides the sizes `_backbone_config` fills by name.
+_REQUIRED = {
+    "SmolLM3Backbone": dict(attention_bias=False, attention_dropout=0.0,
+                            rope_layer_enabled_list=[True, False],
+                            layer_types=["attention", "attention"], mlp_bias=False,
+                            layer_norm_epsilon=1e-5, rope_theta=10000.0,
+                            partial_rotary_factor=1.0),
 }
 # keras_hub image backbones (tokens out; a mean over tokens and a softmax head on top), at
 # a tiny size: our name -> (class, the constructor's arguments besides image_shape).
@@ -60,6 +69,8 @@ IMAGE_BACKBONES = {
                                       intermediate_dim=32)),
     "swin": ("SwinTransformerBackbone", dict(embed_dim=16, depths=[1, 1], num_heads=[2, 2],
                                              patch_size=4, window_size=4)),
+    "dinov3": ("DINOV3Backbone", dict(patch_size=8, num_layers=2, num_heads=2, hidden_dim=16,
+                                      intermediate_dim=32)),
 }
 IMAGE_MODELS = tuple(APPLICATIONS) + tuple(IMAGE_BACKBONES)
 TEXT_MODELS = tuple(BACKBONES)
@@ -120,9 +131,10 @@ def _backbone_config(cls, seq_len: int, hidden: int, vocab: int) -> dict:
              "embedding_dim": hidden, "head_dim": hidden // 2, "key_value_dim": hidden // 2,
              "max_sequence_length": seq_len, "num_groups": 1, "num_inner_repetitions": 1,
              "dropout": 0.0, "head_size": hidden // 2, "num_experts": 4, "top_k": 2,
-             "num_experts_per_tok": 2, "image_size": 16}
+             "num_experts_per_tok": 2, "image_size": 16, "max_position_embeddings": seq_len}
     parameters = inspect.signature(cls.__init__).parameters
-    return {k: v for k, v in sizes.items() if k in parameters}
+    return {**{k: v for k, v in sizes.items() if k in parameters},
+            **_REQUIRED.get(cls.__name__, {})}
 
 
 def _text_model(name: str, seq_len: int, hidden: int, vocab: int):

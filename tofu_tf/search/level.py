@@ -366,7 +366,8 @@ def fixed_result(model: LevelModel, assignment: tuple[int, ...], labels: dict[st
 def views_result(model: LevelModel, assignment: tuple[int, ...]) -> LevelResult:
     """The level's best result with the states of its first len(assignment) groups fixed
     (the groups of a model without views, problem.with_views: the views come last) and
-    the views' states free: the exact DP under those clamps, each op its cheapest choice."""
+    the views' states free: the exact DP over the views, on the factors with the fixed
+    groups' axes taken at their states; each op its cheapest choice."""
     start = time.perf_counter()
     fixed = len(assignment)
     factors = []                      # the factors with the fixed groups' axes taken

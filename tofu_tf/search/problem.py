@@ -568,10 +568,10 @@ def with_views(graph, ops: list[ProblemOp], tensors: dict[str, TensorSpec],
     view's states price that: the view stored as the tensor is (its Identity moves
     nothing), each reader fetches its own region; or the view G(d): assembled whole on
     every part once, the readers fetch nothing more (cost.tensor_states). A view is a
-    group of its own (coarsen.with_views), tied only to the views of the tensors of its
-    tensor's coarse group that are read alike (by ops of the same signatures, at the same
-    inputs: the steps of an RNN), so an op that reads `SIBLING_VIEWS` or more tensors of
-    one coarse group (a Pack of the steps) reads them directly, as one group; a tensor only
+    group of its own (coarsen.with_views) unless many views of the tensors of one coarse
+    group are read alike (by ops of the same signatures, at the same inputs: the steps of
+    an RNN), which share one; an op that reads `SIBLING_VIEWS` or more tensors of one
+    coarse group (a Pack of the steps) reads them directly, as one group; a tensor only
     one op reads through a view has none. Plans leave views out (plan_from_search).
     Per view: (its tensor's coarse group, how it is read), the key coarsen ties by."""
     readers = collections.Counter(t for op in ops for t in set(op.inputs))
