@@ -27,6 +27,8 @@ flags.DEFINE_float("flop_bytes", None, "bytes moved one flop of repeated computa
 flags.DEFINE_float("transfer_bytes", 0.0, "bytes moved one transfer's latency is worth in the "
                    "search (0: transfers only break ties; this_cpu's link latency x "
                    "bandwidth is 2.56e6)")
+flags.DEFINE_bool("shared_reads", False, "price a tensor several ops read from other devices "
+                  "once, as the emitter moves it (Options.shared_reads)")
 flags.DEFINE_bool("early_updates", False, "run each update as soon as its gradient is "
                   "complete, gradient sums as running sums (tofu_tf/search/reorder.py)")
 flags.DEFINE_integer("pipeline_stages", 1, "cut the devices into this many pipeline stages "
@@ -83,7 +85,7 @@ def options(**overrides):
         policy = Recompute(FLAGS.recompute_policy)
     return Options(memory_budget_bytes=budget, recompute=policy, early_updates=early,
                    step_profile=FLAGS.step_profile, flop_bytes=FLAGS.flop_bytes,
-                   transfer_bytes=FLAGS.transfer_bytes,
+                   transfer_bytes=FLAGS.transfer_bytes, shared_reads=FLAGS.shared_reads,
                    pipeline_stages=0 if FLAGS.pipeline else FLAGS.pipeline_stages, **overrides)
 
 
