@@ -363,8 +363,9 @@ def table(stored: dict) -> str:
             ratio = (f"{ledger / sum(plain['ledger_bytes']):.3f}"
                      if name.endswith("shared reads") and plain else "")
             seconds = f"{row['search_seconds']:.2f}" if "search_seconds" in row else "-"
-            lines.append(f"| {name} | {search:.0f} ({' + '.join(f'{b:.0f}' for b in row['search_bytes'])}) | "
-                         f"{ledger} ({' + '.join(map(str, row['ledger_bytes']))}) | "
+            levels = [" + ".join(f"{b:.0f}" for b in row[k])
+                      for k in ("search_bytes", "ledger_bytes")]
+            lines.append(f"| {name} | {search:.0f} ({levels[0]}) | {ledger} ({levels[1]}) | "
                          f"{search / ledger:.3f} | {row['shared_reads_excess']:.0f} | {ratio} | "
                          f"{seconds} |")
         lines.append("\nSearch: the plan's bytes as the search prices them (each level's cut "

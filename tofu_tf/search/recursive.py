@@ -9,7 +9,8 @@ and reused. And so on down the levels. The plan's objective is
 
 in bytes (c_l is the level-l cut's cost inside one group: the bytes it moves plus the
 price of the computation its replicated ops repeat, search/level.py), and in time each
-c_l's bytes move over level l's links. The first cut, which moves the least data, crosses the slowest links.
+c_l's bytes move over level l's links. The first cut, which moves the least data, crosses
+the slowest links.
 """
 
 from __future__ import annotations
