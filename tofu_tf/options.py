@@ -78,8 +78,8 @@ class Options:
     # that problem has at most this many joint choices (op choices under every state
     # combination of their groups, summed over ops), and keep its plan where it moves
     # fewer bytes than the recursion's, which fixes each level before the next. With
-    # shared_reads, on graphs under 2000 ops, also the recursion's plan without them
-    # priced with them (search/recursive.py: the two accounts pick different upper levels).
+    # shared_reads, also the recursion's plan without them priced with them
+    # (search/recursive.py: the two accounts pick different upper levels).
     # 0: the recursion alone. Bytes objective, no memory budget.
     joint_choices: int = 10_000
     # Price a tensor that several ops read from other devices as the emitter moves it: a

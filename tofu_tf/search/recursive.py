@@ -190,7 +190,7 @@ def _search(graph, topology, solver, entries, options, memory_weight, cache,
                             deadline)
         if joint_plan is not None:
             results.append(joint_plan)
-        if options.shared_reads and options.joint_choices and len(graph) < LARGE_GRAPH_OPS:
+        if options.shared_reads and options.joint_choices:
             policy = results[0].variable_storage
             plain = _recurse(graph, topology, entries, coarse,
                              dataclasses.replace(options, shared_reads=False), policy, solver,
