@@ -58,8 +58,9 @@ _REQUIRED = {
                             layer_norm_epsilon=1e-5, rope_theta=10000.0,
                             partial_rotary_factor=1.0),
 }
-# keras_hub image backbones (tokens out; a mean over tokens and a softmax head on top), at
-# a tiny size: our name -> (class, the constructor's arguments besides image_shape).
+# keras_hub image backbones (tokens, a feature map, or a pyramid of them out: a mean over
+# the deepest's positions and a softmax head on top), at a tiny size: our name -> (class,
+# the constructor's arguments besides image_shape).
 IMAGE_BACKBONES = {
     "vit": ("ViTBackbone", dict(patch_size=8, num_layers=2, num_heads=2, hidden_dim=16,
                                 mlp_dim=32)),
@@ -71,6 +72,22 @@ IMAGE_BACKBONES = {
                                              patch_size=4, window_size=4)),
     "dinov3": ("DINOV3Backbone", dict(patch_size=8, num_layers=2, num_heads=2, hidden_dim=16,
                                       intermediate_dim=32)),
+    "siglip": ("SigLIPVisionEncoder", dict(patch_size=8, hidden_dim=16, num_layers=2,
+                                           num_heads=2, intermediate_dim=32)),
+    # SegFormer's encoder: attention over spatially reduced keys (strided convolutions)
+    "mit": ("MiTBackbone", dict(layerwise_depths=[1, 1], num_layers=2, hidden_dims=[8, 16],
+                                layerwise_num_heads=[1, 2], layerwise_sr_ratios=[2, 1],
+                                max_drop_path_rate=0.0, layerwise_patch_sizes=[7, 3],
+                                layerwise_strides=[4, 2])),
+    "cspdarknet": ("CSPNetBackbone", dict(stem_filters=16, stem_kernel_size=3, stem_strides=2,
+                                          stackwise_depth=[1, 1], stackwise_strides=[1, 2],
+                                          stackwise_num_filters=[16, 32],
+                                          block_type="dark_block", stage_type="dark")),
+    "hgnetv2": ("HGNetV2Backbone", dict(
+        depths=[1, 1], embedding_size=8, hidden_sizes=[16, 16], stem_channels=[3, 8, 8],
+        hidden_act="relu", use_learnable_affine_block=True,
+        stackwise_stage_filters=[[8, 8, 16, 1, 2, 3], [16, 8, 16, 1, 2, 3]],
+        apply_downsample=[False, True], use_lightweight_conv_block=[False, True])),
 }
 IMAGE_MODELS = tuple(APPLICATIONS) + tuple(IMAGE_BACKBONES)
 TEXT_MODELS = tuple(BACKBONES)
@@ -116,8 +133,11 @@ def _image_model(name: str, image_size: int, classes: int):
     backbone = getattr(keras_hub.models, cls)(image_shape=(image_size, image_size, 3),
                                               **sizes)
     images = keras.Input((image_size, image_size, 3))
-    tokens = backbone(images)
-    pooled = keras.layers.GlobalAveragePooling1D()(tokens)
+    features = backbone(images)
+    if isinstance(features, dict):                   # a pyramid: its deepest level
+        features = list(features.values())[-1]
+    pooled = {2: lambda f: f, 3: keras.layers.GlobalAveragePooling1D(),
+              4: keras.layers.GlobalAveragePooling2D()}[len(features.shape)](features)
     return keras.Model(images, keras.layers.Dense(classes, activation="softmax")(pooled))
 
 
