@@ -74,6 +74,14 @@ IMAGE_BACKBONES = {
                                       intermediate_dim=32)),
     "siglip": ("SigLIPVisionEncoder", dict(patch_size=8, hidden_dim=16, num_layers=2,
                                            num_heads=2, intermediate_dim=32)),
+    "clip": ("CLIPVisionEncoder", dict(patch_size=8, hidden_dim=16, num_layers=2, num_heads=2,
+                                       intermediate_dim=32)),
+    # windowed attention with relative position embeddings, one global layer
+    "vitdet": ("ViTDetBackbone", dict(hidden_size=16, num_layers=2, intermediate_dim=32,
+                                      num_heads=2, global_attention_layer_indices=[1],
+                                      patch_size=8, num_output_channels=8, use_bias=True,
+                                      use_abs_pos=True, use_rel_pos=True, window_size=2,
+                                      layer_norm_epsilon=1e-6)),
     # SegFormer's encoder: attention over spatially reduced keys (strided convolutions)
     "mit": ("MiTBackbone", dict(layerwise_depths=[1, 1], num_layers=2, hidden_dims=[8, 16],
                                 layerwise_num_heads=[1, 2], layerwise_sr_ratios=[2, 1],
