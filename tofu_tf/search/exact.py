@@ -11,6 +11,7 @@ in level 1, chosen by its own cost without the levels below.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from tofu_tf.errors import PlanInfeasibleError
 from tofu_tf.graph import Graph
@@ -22,7 +23,7 @@ from tofu_tf.search.joint import (MAX_JOINT_CHOICES, JointMethod, JointModel,  #
                                   JointSolution, StateTree, joint_model, state_tree)
 from tofu_tf.search.level import (LevelModel, LevelResult, fixed_result, result_of,
                                   solve_level)
-from tofu_tf.search.recursive import SearchResult, search
+from tofu_tf.search.recursive import SearchResult, search, upper_fixed
 from tofu_tf.search.topology import Topology
 
 
@@ -54,13 +55,9 @@ def recursion_under(graph: Graph, topology: Topology,
     gives them); the levels below are solved as usual. Under the joint optimum's level 1
     it splits the recursion's gap into what level 1, fixed by its own cost alone, loses
     and what the deeper levels lose: at two levels it is the joint optimum."""
-    solved = 0
-
-    def solver(model: LevelModel) -> LevelResult:
-        nonlocal solved
-        solved += 1
-        return solve_level(model) if solved > 1 else fixed_result(model, *first_level)
-
+    states, labels = first_level
+    solver = upper_fixed([functools.partial(fixed_result, assignment=states, labels=labels)],
+                         solve_level)
     return search(graph, topology, solver=solver, entries=entries,
                   options=dataclasses.replace(options,
                                               variable_storage=VariableStorage.REPLICABLE))

@@ -20,7 +20,7 @@ import functools
 import math
 import time
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping, Sequence
 
 from absl import logging
 
@@ -250,15 +250,8 @@ def _joint(graph, topology, entries, coarse, options, solver, cache, deadline
     if tried is not options:                      # the joint optimum without views
         return _repriced(graph, topology, entries, coarse, options, storage,
                          [states for states, _ in fixed], solver, cache, deadline)
-    solved = 0
-
-    def solve(level_model: LevelModel) -> LevelResult:
-        nonlocal solved
-        solved += 1
-        if solved > len(fixed):
-            return solver(level_model)
-        return fixed_result(level_model, *fixed[solved - 1])
-
+    solve = upper_fixed([functools.partial(fixed_result, assignment=states, labels=labels)
+                         for states, labels in fixed], solver)
     result = _recurse(graph, topology, entries, coarse, options, storage, solve, cache,
                       deadline)
     if not math.isclose(result.objective, best.cost, rel_tol=1e-9, abs_tol=1e-6):
@@ -280,17 +273,22 @@ def _repriced(graph, topology, entries, coarse, options, storage, upper, solver,
     by its own cost alone, without the levels below, and the upper levels the account
     without views chose may leave cheaper ones below (the tiny LSTM at 2x2x2: 346580 B
     against 362536 B with views throughout, both priced with views)."""
-    solved = 0
-
-    def solve(level_model: LevelModel) -> LevelResult:
-        nonlocal solved
-        solved += 1
-        if solved > len(upper):
-            return solver(level_model)
-        return views_result(level_model, upper[solved - 1])
-
+    solve = upper_fixed([functools.partial(views_result, assignment=states)
+                         for states in upper], solver)
     return _recurse(graph, topology, entries, coarse, options, storage, solve, cache,
                     deadline)
+
+
+def upper_fixed(upper: Sequence[Callable[[LevelModel], LevelResult]], solver
+                ) -> Callable[[LevelModel], LevelResult]:
+    """A solver for one recursion: level i by `upper[i]` (each a function of the level's
+    model, fixing what an outer search chose), every level past them by `solver`."""
+    fixes = iter(upper)
+
+    def solve(model: LevelModel) -> LevelResult:
+        fix = next(fixes, None)
+        return solver(model) if fix is None else fix(model)
+    return solve
 
 
 def _replay(graph, topology, entries, coarse, options, policy, cache, levels
