@@ -1,7 +1,7 @@
 """Small ops and small partial results: an op every device would run alike may run once
 (Options.compute_once_below), and a small replicated partial result is combined at one
-member of its reduction group (partition.exchanges). Both must leave the numbers and the
-ledger's agreement with the prediction intact."""
+member of each reduction group, level by level (partition.exchange_rounds). Both must
+leave the numbers and the ledger's agreement with the prediction intact."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from tofu_tf.importer.graphdef_io import import_graph_def
 from tofu_tf.models import build
 from tofu_tf.op_semantics.catalog import catalog
 from tofu_tf.options import Options, VariableStorage
+from tofu_tf.rewrite.ledger import STEP_KINDS
 from tofu_tf.rewrite.partition import EXCHANGE_BYTES, computed_once, partition
 from tofu_tf.search.plan import make_plan
-from tofu_tf.search.topology import Topology
+from tofu_tf.search.topology import Topology, coordinates
 
 from equivalence import compare
 
@@ -53,38 +54,50 @@ def test_compute_once_below_a_size(model, optimizer, topology, below):
 
 
 @pytest.mark.parametrize("topology", ["4", "2x2x2", "3x2"])
-def test_a_small_partial_result_is_combined_at_one_member(topology):
-    """Data parallel MLP: bias gradients and the loss are partial and small. A pair of
-    devices swaps copies; a larger reduction group sends its g - 1 copies to one member,
-    which alone combines them, and a device that reads the result fetches it from there:
-    no device but a root receives more than one copy."""
+def test_a_small_partial_result_is_combined_level_by_level(topology):
+    """Data parallel MLP: bias gradients and the loss are partial and small. Level by
+    level, innermost first, a reduction group sends its copies to one member, which alone
+    combines them (at the outermost level a pair swaps them), and the devices that read
+    the result fetch it from the nearest member holding it. Per level, each such tensor
+    moves what the search priced for it (a Replicated partial result: 2 (k - 1) |D| per
+    group), and only a root receives more than one copy."""
     optimized = compare("mlp", "sgd", topology=topology, dtype="float64",
                         options=Options(variable_storage=VariableStorage.REPLICABLE))
     plan = optimized.plan
+    ways = tuple(level.ways for level in plan.levels)
 
     def replicated(t: str) -> bool:
         return all(plan.state(level, t) == "R" for level in range(len(plan.levels)))
 
-    messages = collections.defaultdict(set)
-    for transfer in optimized.ledger.transfers:
-        if transfer.kind == "reduce" and transfer.bytes <= EXCHANGE_BYTES and \
-                replicated(transfer.tensor):
-            messages[transfer.tensor].add((transfer.src, transfer.dst))
-    stars = 0
-    for t, pairs in messages.items():
+    small = {m.tensor for m in optimized.ledger.transfers
+             if m.kind == "reduce" and m.bytes <= EXCHANGE_BYTES and replicated(m.tensor)}
+    assert small
+    def level_of(m) -> int:
+        src, dst = coordinates(m.src, ways), coordinates(m.dst, ways)
+        return next(i for i, (a, b) in enumerate(zip(src, dst)) if a != b)
+
+    searched, moved = collections.Counter(), collections.Counter()
+    for index, level in enumerate(plan.levels):
+        for transfer in level.transfers:
+            if transfer.tensor in small:
+                searched[transfer.tensor, index] += level.groups * transfer.bytes
+    for m in optimized.ledger.transfers:
+        if m.tensor in small and m.kind in STEP_KINDS:
+            moved[m.tensor, level_of(m)] += m.bytes
+    assert moved == searched
+    roots = 0
+    for t in small:            # per level, a device receives one copy, or combines them
+        mine = [m for m in optimized.ledger.transfers if m.tensor == t and not m.shared]
+        received = collections.Counter((m.dst, level_of(m)) for m in mine)
         senders = collections.defaultdict(set)
-        for src, dst in pairs:
-            senders[dst].add(src)
-        roots = {d for d, srcs in senders.items() if len(srcs) > 1}
-        for src, dst in pairs:
-            swapped = (dst, src) in pairs and len(senders[dst]) == 1
-            assert swapped or dst in roots, (t, src, dst)
-            assert src not in roots, (t, src, dst)
-        stars += len(roots)
-        received = collections.Counter(m.dst for m in optimized.ledger.transfers
-                                       if m.tensor == t and not m.shared)
-        assert all(count == 1 for d, count in received.items() if d not in roots), received
-    assert stars, "some reduction group has more than two devices"
+        for m in mine:
+            if m.kind == "reduce":
+                senders[m.dst, level_of(m)].add(m.src)
+        combined = {key for key, srcs in senders.items() if len(srcs) > 1}
+        assert all(count == 1 for key, count in received.items() if key not in combined), \
+            received
+        roots += len(combined)
+    assert roots or topology == "2x2x2", "some reduction group has more than two devices"
 
 
 @pytest.mark.parametrize("model,topology", [("wresnet", "2x2x2"), ("lstm", "4x2")])

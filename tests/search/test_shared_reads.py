@@ -57,6 +57,21 @@ def test_one_level_search_bytes_are_the_emitted_bytes(name, topology):
     assert moved <= before
 
 
+@pytest.mark.parametrize("name", ["mlp", "lstm", "transformer", "wresnet"])
+@pytest.mark.parametrize("topology", ["2x4", "2x2x2"])
+def test_outermost_links_carry_what_the_search_priced(name, topology):
+    """Across levels an outermost two-way cut is priced as the emitter moves it: a region
+    sent into a group once, a partial result reduced once per slice (its replicated
+    copies inside a group each reducing their own: collectives.py), a small one exchanged
+    level by level. (Inside the groups the accounts still part, and at a wider outermost
+    cut too: a view stored in another layout than its tensor is a copy the emitter does
+    not make, its readers pull their regions from the tensor's holders.)"""
+    graph, entries = imported(name)
+    plan = make_plan(graph.graph, Topology.parse(topology), options=ON)
+    predicted = predict(plan, graph, entries)[0].predicted_per_level
+    assert plan.levels[0].total_bytes == predicted[0]
+
+
 @pytest.mark.parametrize("topology", ["2", "4"])
 def test_readers_of_one_split_region_are_still_priced_apart(topology):
     """What views leave: a WResNet activation stored split on the batch whose two

@@ -1,22 +1,27 @@
 """Combining partial results across devices, level by level, as the plan prices it.
 
 An output produced Partial at a set of levels Λ is summed over each reduction group (the
-devices that differ only at levels of Λ; they produced the same region D). Every device d
-has a target box T_d: D cut, outermost level first, at each level of Λ by the tensor's
-state there — Split(dim): the stored part; Replicated: a chunk on the largest dim (the
-whole for one chunk when nothing can be chunked, as a tree does).
+devices that differ only at levels of Λ; they produced the same region D). Where the op
+ran replicated at levels inside Λ's outermost (partition.replica_levels: the copies there
+are equal), those levels join the cut and each copy reduces only its slice. Every device d
+has a target box T_d: D cut, outermost level first, at each of these levels by the
+tensor's state there — Split(dim): what the side stores of D (the box cut evenly where
+that is not one range); Replicated: a chunk on the largest dim (the whole for one chunk
+when nothing can be chunked, as a tree does).
 
-1. reduce-scatter, innermost level of Λ first: the k members that differ only at that level
+1. reduce-scatter, innermost level first: the k members that differ only at a level of Λ
    each keep the pieces destined to their own side and receive the others' copies of them:
-   (k - 1) |R| bytes per member set, R the region the set is responsible for;
+   (k - 1) |R| bytes per member set, R the region the set is responsible for; at a replica
+   level each member keeps its own side's pieces of its copy, moving nothing;
 2. all-gather, outermost level first, at the levels whose state is Replicated: members
    exchange their pieces, (k - 1) |R| again.
 
-Per level this is the plan's (k - 1) |domain| x (2 replicated | 1 split): a ring all-reduce
-or reduce-scatter along the hierarchy, the outer links carrying each element once. A small
+Per level of Λ this is the plan's (k - 1) |domain| x (2 replicated | 1 split): a ring
+all-reduce or reduce-scatter along the hierarchy, the outer links carrying each element
+once; at a Replicated replica level, the (k - 1) |stored part| the search prices where the
+op produces a reduced output replicated (search/problem.py, ProblemOp.reduced). A small
 replicated partial result (partition.exchanges: a bias gradient, a norm's scale) is reduced
-by exchange: a pair swaps whole copies, a larger reduction group combines them at one
-member, from which its readers fetch the result: fewer messages and no slices. On
+by exchange, level by level (partition.exchange_rounds): fewer messages and no slices. On
 logical CPU devices the pieces travel as plain cross-device edges (TensorFlow's Send/Recv);
 sums run in a fixed member order, so replicas hold bit-identical values.
 """
@@ -29,8 +34,8 @@ from tensorflow.core.framework import types_pb2
 
 from tofu_tf.errors import RewriteError
 from tofu_tf.rewrite.nodedefs import Ref, str_attr, type_attr
-from tofu_tf.rewrite.partition import (Box, all_reduces, contains, exchange_root, exchanges,
-                                      parse_state, reduce_target)
+from tofu_tf.rewrite.partition import (Box, all_reduces, contains, exchange_rounds,
+                                      exchanges, parse_state, reduce_target, replica_levels)
 from tofu_tf.search.cost import box_volume
 
 
@@ -41,40 +46,44 @@ def reduce_all(em, t: str, op: str) -> dict[int, dict[Box, Ref]]:
     states = [parse_state(s) for s in em.plan_states(t)]
     if all_reduces(em.use_v2, reducer, levels, states):
         return _all_reduce_v2(em, t, op, levels, reducer)
-    if exchanges(levels, states, [value and value.box for value in em.produced[t]],
-                 em.itemsize(t)):
-        return _exchange(em, t, op, levels, reducer)
+    boxes = [value and value.box for value in em.produced[t]]
+    replicas = replica_levels(em.parts, levels, boxes)
+    if exchanges(levels, states, boxes, em.itemsize(t), replicas):
+        return _exchange(em, t, op, levels, reducer, replicas)
+    cut = tuple(sorted(levels + replicas))
     coordinates = em.parts.coordinates
     active = em.active(t)
-    targets = {d: reduce_target(em.produced[t][d].box, levels, states, coordinates(d),
-                                em.parts.ways) if d in active else None for d in range(em.n)}
+    shape = em.graph.tensors[t].shape
+    targets = {d: reduce_target(em.produced[t][d].box, cut, states, coordinates(d),
+                                em.parts.ways, shape) if d in active else None
+               for d in range(em.n)}
     # Every device starts with its (scaled) partial result of D, cut into the targets of
     # its group: pieces are (owners, box, tensor), a run of owners whose targets tile one
     # box sharing a piece.
     pieces: dict[int, list[tuple[tuple[int, ...], Box, Ref]]] = {}
     for d in active:
-        owners = tuple(e for e in em.parts.group(d, levels) if targets[e] is not None)
+        owners = tuple(e for e in em.parts.group(d, cut) if targets[e] is not None)
         produced = em.produced[t][d]
         pieces[d] = [(run, _union(run, targets), em._cut(produced, _union(run, targets), d))
                      for run in _runs(owners, targets, [[(owners, produced.box, None)]])]
-    for level in reversed(levels):                         # reduce-scatter, inner first
+    for level in reversed(cut):                            # reduce-scatter, inner first
         new = {}
         for d in active:
-            members = em.parts.group(d, (level,))
+            members = em.parts.group(d, (level,)) if level in levels else (d,)
             mine = tuple(e for owners, _, _ in pieces[d] for e in owners
                          if coordinates(e)[level] == coordinates(d)[level])
             new[d] = []
             for run in _runs(mine, targets, [pieces[m] for m in members]):
                 box = _union(run, targets)
                 terms = []
-                for m in members:
+                for m in members:       # a replica level: d's own copy of its side
                     part = _part(em, pieces[m], box, m)
                     if m != d:
                         em.send("reduce", t, op, part, m, d, box)
                     terms.append(part)
                 new[d].append((run, box, _combine(em, t, terms, reducer, d)))
         pieces = new
-    for level in levels:                                   # all-gather where replicated
+    for level in cut:                                      # all-gather where replicated
         if states[level].kind == "replicated":
             pieces = {d: _gather(em, t, op, pieces, d, level, targets) for d in active}
     return {d: {box: tensor for _, box, tensor in pieces[d]} for d in active}
@@ -172,26 +181,23 @@ def _adjacent(a: Box, b: Box) -> int | None:
     return None
 
 
-def _exchange(em, t: str, op: str, levels, reducer: str) -> dict[int, dict[Box, Ref]]:
-    """A small partial result (partition.exchanges), over each reduction group (the
-    devices that differ only at `levels`): a pair swaps copies over one edge each way and
-    both hold the result; a larger group sends them to its root (`exchange_root`), which
-    combines them and alone holds the result (readers fetch it from there, as they would
-    a stored region). Copies combine in member order, so replicas stay bit-identical."""
+def _exchange(em, t: str, op: str, levels, reducer: str,
+              replicas: tuple[int, ...] = ()) -> dict[int, dict[Box, Ref]]:
+    """A small partial result (partition.exchanges), in the rounds of
+    `partition.exchange_rounds`: the receivers hold the result, and readers fetch it from
+    there as they would a stored region. Values combine in member order, so the two
+    members of a swapping pair hold bit-identical results."""
     produced = em.produced[t]
-    held: dict[int, dict[Box, Ref]] = {}
-    for d in em.active(t):
-        group = em.parts.group(d, levels)
-        if group[0] != d:
-            continue
-        root = exchange_root(t, group)
-        for e in (group if root is None else (root,)):
+    values = {d: produced[d].tensor for d in em.active(t)}
+    for steps in exchange_rounds(em.parts, t, levels, replicas, em.active(t)):
+        new = {}
+        for e, group in steps:
             for m in group:
                 if m != e:
-                    em.send("reduce", t, op, produced[m].tensor, m, e, produced[m].box)
-            held[e] = {produced[e].box: _combine(em, t, [produced[m].tensor for m in group],
-                                                 reducer, e)}
-    return held
+                    em.send("reduce", t, op, values[m], m, e, produced[m].box)
+            new[e] = _combine(em, t, [values[m] for m in group], reducer, e)
+        values = new
+    return {e: {produced[e].box: value} for e, value in values.items()}
 
 
 V2_MERGE = {"sum": "Add", "mean": "Add", "max": "Max", "min": "Min", "prod": "Mul"}

@@ -134,10 +134,13 @@ def stored_box(shape: tuple[int, ...], states: list[OutputState], ways, coords) 
     return tuple(box)
 
 
-def reduce_target(box: Box, levels, states, coords, ways) -> Box | None:
+def reduce_target(box: Box, levels, states, coords, ways, shape) -> Box | None:
     """The device's share of a partial result's region `box` after the reduce-scatter over
     `levels` (rewrite/collectives.py): cut at each level by the state there, outermost
-    level first (innermost first when all are Replicated); None: an empty share."""
+    level first (innermost first when all are Replicated); None: an empty share. At a
+    Split(d) level, part p's share is what the parts stored there at coordinate p hold of
+    the box (`_stored_slabs`: each reduced element lands on the side that stores it), or,
+    where that is not one range for every side, the box cut evenly."""
     box = list(box)
     # Replicated at every level: the innermost level cuts first, so that each side of the
     # inner-first reduce-scatter is one contiguous box (one slice, one sum per level).
@@ -147,6 +150,12 @@ def reduce_target(box: Box, levels, states, coords, ways) -> Box | None:
         state, k, p = states[level], ways[level], coords[level]
         if state.kind == "split":
             dim = state.dim
+            slabs = _stored_slabs(shape[dim], states, ways, level, dim, box[dim])
+            if slabs is not None:
+                if slabs[p] is None:
+                    return None
+                box[dim] = slabs[p]
+                continue
         else:
             sizes = [b - a for a, b in box]
             if not sizes or max(sizes) < 2:               # nothing to chunk: part 0 keeps it
@@ -158,6 +167,27 @@ def reduce_target(box: Box, levels, states, coords, ways) -> Box | None:
         lo, hi = part_range(b - a, k, p)
         box[dim] = (a + lo, a + hi + 1)
     return tuple(box)
+
+
+def _stored_slabs(n: int, states, ways, level: int, dim: int, span: tuple[int, int]):
+    """Per part p of `level`, the range of `span` (along `dim`, of extent n) that parts
+    stored at coordinate p there hold (parts nest level by level, as `stored_box` cuts
+    them); None for a part holding none of it. None where some part's is not one range."""
+    ranges = [((0, n), None)]
+    for at in range(level + 1):
+        if states[at].kind != "split" or states[at].dim != dim:
+            continue
+        ranges = [((a + lo, a + hi + 1), q if at == level else mine)
+                  for (a, b), mine in ranges for q in range(ways[at])
+                  for lo, hi in [part_range(b - a, ways[at], q)]]
+    out = []
+    for p in range(ways[level]):
+        pieces = [(max(a, span[0]), min(b, span[1])) for (a, b), q in ranges
+                  if q == p and max(a, span[0]) < min(b, span[1])]
+        if len(pieces) > 1 and any(x[1] != y[0] for x, y in zip(pieces, pieces[1:])):
+            return None
+        out.append((pieces[0][0], pieces[-1][1]) if pieces else None)
+    return out
 
 
 # -- what the emitter and the pricer (rewrite/pricing.py) decide alike ---------------------
@@ -174,14 +204,13 @@ def all_reduces(use_v2: bool, reducer: str, levels, states: list[OutputState]) -
 
 
 # A partial result that is Replicated at each of its levels and whose produced region is
-# at most this many bytes on every device is reduced by exchange (`exchanges`) over each
-# reduction group of g devices, all its levels at once: a pair swaps copies (one message
-# each way, one hop); a larger group sends its copies to one member (`exchange_root`),
-# which combines them in member order and alone holds the result, fetched from there by
-# the devices that read it: at most 2 (g - 1) messages and 2 (g - 1) |D| bytes, what a ring
-# reduce-scatter and all-gather move, and never more over a level's links than exchanging
-# at each level in turn, but no slices or concats and one combine: for a bias gradient
-# the per-message cost is the whole cost.
+# at most this many bytes on every device is reduced by exchange (`exchanges`), level by
+# level (`exchange_rounds`): a group of g sends its copies to one member (`exchange_root`),
+# which combines them in member order; at the outermost level a pair swaps them instead
+# (one message each way); the devices that read the result fetch it from the nearest
+# holder. Per level 2 (g - 1) |D| bytes, what a ring reduce-scatter and all-gather move
+# and the search prices, but no slices or concats and one combine per group: for a bias
+# gradient the per-message cost is the whole cost.
 EXCHANGE_BYTES = 2048
 
 
@@ -195,12 +224,58 @@ def exchange_root(t: str, members: Sequence[int]) -> int | None:
 
 
 def exchanges(levels, states: list[OutputState], produced: Sequence[Box | None],
-              itemsize: int) -> bool:
+              itemsize: int, replicas: tuple[int, ...] = ()) -> bool:
     """Whether a partial result over `levels` with these states, produced as these
-    per-device boxes, reduces by exchange."""
-    return (all(states[level].kind == "replicated" for level in levels) and
+    per-device boxes, reduces by exchange (`exchange_rounds`)."""
+    return (all(states[level].kind == "replicated" for level in replicas + tuple(levels)) and
             all(box is None or box_volume(box) * itemsize <= EXCHANGE_BYTES
                 for box in produced))
+
+
+def replica_levels(parts: Partition, levels, produced: Sequence[Box | None]) -> tuple[int, ...]:
+    """The levels inside the outermost of `levels` (a partial result's) across which every
+    device that produced it holds the same region: the op ran replicated there, and its
+    copies are equal. The reduction cuts each copy's share at these levels too
+    (rewrite/collectives.py): a copy reduces only its slice over `levels`, so the outer
+    links carry each element once, as the search prices it, and the slices are gathered
+    inside the group where the tensor is stored Replicated (search/problem.py prices that
+    gathering where the op produces the reduced output replicated)."""
+    out = []
+    for level in range(min(levels) + 1, len(parts.ways)):
+        if level in levels or parts.ways[level] == 1:
+            continue
+        if all(all(produced[m] == box for m in parts.group(d, (level,)))
+               for d, box in enumerate(produced) if box is not None):
+            out.append(level)
+    return tuple(out)
+
+
+def exchange_rounds(parts: Partition, t: str, levels, replicas: tuple[int, ...],
+                    active: Sequence[int]) -> list[list[tuple[int, tuple[int, ...]]]]:
+    """An exchange (`exchanges`), one round per level of `levels`, innermost first: per
+    round [(receiver, group)], the receiver combining the group's values (the first round's
+    groups: the producers outside `replicas`, one copy each; a later round's: the earlier
+    round's receivers). A group sends its values to its root (`exchange_root`; a pair: its
+    first member), except at the outermost level, where a pair swaps them and both hold the
+    result. The last round's receivers hold it; readers fetch it from there. Per level, as
+    the search prices a Replicated partial result: (g - 1) |D| to the root and as much
+    fetched back by its readers, 2 (g - 1) |D|."""
+    holders = [d for d in active if not any(parts.coordinates(d)[level] for level in replicas)]
+    rounds = []
+    for level in reversed(sorted(levels)):
+        outermost = level == min(levels)
+        steps = []
+        for d in holders:
+            group = tuple(m for m in parts.group(d, (level,)) if m in holders)
+            if group[0] != d:
+                continue
+            root = exchange_root(t, group)
+            if root is None and not outermost:
+                root = group[0]
+            steps += [(e, group) for e in (group if root is None else (root,))]
+        rounds.append(steps)
+        holders = [e for e, _ in steps]
+    return rounds
 
 
 def fetched_from(parts: Partition, t: str) -> list[int]:

@@ -19,15 +19,18 @@ TensorFlow), with the rules the emitter follows:
   (P_e on e, and regions received before): what e lacks of S_e, once per device where the
   stored box is used. It is used on d by a read within S_d, on every device by a read
   outside any S_d, and by every fetch.
-- reduce: a partial result over levels Λ (rewrite/collectives.py): reduce-scatter, innermost
-  level of Λ first — each member of a level group receives every other member's copy of the
-  pieces destined to its side; then all-gather, outermost first, at the levels where the
-  tensor is Replicated — each member receives the pieces (by distinct box) it lacks. With V2
-  collectives (a reduction group whose levels are all Replicated): one ring all-reduce per
-  group, 2 (g - 1) |D| / g per member of g. A small replicated one (partition.exchanges): a
-  group of two swaps whole copies; in a larger one the root receives each other member's
-  copy and alone holds the result. The stored box is then assembled from the reduced
-  pieces (and received regions) the device holds.
+- reduce: a partial result over levels Λ (rewrite/collectives.py), cut also at the levels
+  where the op ran replicated inside Λ's outermost (partition.replica_levels):
+  reduce-scatter, innermost level first — at a level of Λ each member of a level group
+  receives every other member's copy of the pieces destined to its side (at a replica
+  level it keeps its own); then all-gather, outermost first, at the levels where the
+  tensor is Replicated — each member receives the pieces (by distinct box) it lacks. With
+  V2 collectives (a reduction group whose levels are all Replicated): one ring all-reduce
+  per group, 2 (g - 1) |D| / g per member of g. A small replicated one
+  (partition.exchanges): level by level, innermost first, each group's root receives its
+  other members' copies (partition.exchange_rounds; at the outermost level a pair swaps
+  them); the last round's receivers hold the result. The stored box is then assembled
+  from the reduced pieces (and received regions) the device holds.
 
 Each transfer is attributed to the outermost level at which its two devices differ (the
 link it crosses). Feeds and fetched results are outside the step, as in the ledger.
@@ -41,9 +44,9 @@ from typing import Mapping, Sequence
 from tofu_tf.graph import DTYPE_SIZES, Graph
 from tofu_tf.op_semantics.catalog import OpEntry
 from tofu_tf.rewrite.partition import (Box, DeviceOp, Partition, all_reduces, contains,
-                                      exchange_root, exchanges, fetched_from, narrow_update,
+                                      exchange_rounds, exchanges, fetched_from, narrow_update,
                                       nonempty, own_shard, parse_state, reads_values,
-                                      reduce_target, shared_prefix)
+                                      reduce_target, replica_levels, shared_prefix)
 from tofu_tf.search.cost import box_volume
 from tofu_tf.search.plan import Plan
 
@@ -208,30 +211,36 @@ class _Pricer:
         if all_reduces(self.use_v2, reducer, levels, states):
             self.held[t] = self._all_reduce(t, levels, produced, active)
             return self.held[t]
-        if exchanges(levels, states, produced, DTYPE_SIZES.get(self.graph.tensors[t].dtype, 4)):
-            self.held[t] = [[] for _ in range(self.n)]
-            for d in active:                 # partners' whole copies, or to the root
-                group = self.parts.group(d, levels)
-                if exchange_root(t, group) in (None, d):
+        replicas = replica_levels(self.parts, levels, produced)
+        if exchanges(levels, states, produced, DTYPE_SIZES.get(self.graph.tensors[t].dtype, 4),
+                     replicas):
+            holders = active
+            for steps in exchange_rounds(self.parts, t, levels, replicas, active):
+                for e, group in steps:
                     for m in group:
-                        self.move(t, m, d, box_volume(produced[m]))
-                    self.held[t][d] = [produced[d]]
+                        self.move(t, m, e, box_volume(produced[m]))
+                holders = [e for e, _ in steps]
+            self.held[t] = [[produced[d]] if d in holders else [] for d in range(self.n)]
             return self.held[t]
         group = self.parts.group
-        targets = [reduce_target(produced[d], levels, states, self.coords[d], self.parts.ways)
-                   if produced[d] is not None else None for d in range(self.n)]
-        pieces = {d: [e for e in group(d, levels) if targets[e] is not None]
+        cut = tuple(sorted(levels + replicas))
+        shape = self.graph.tensors[t].shape
+        targets = [reduce_target(produced[d], cut, states, self.coords[d], self.parts.ways,
+                                 shape) if produced[d] is not None else None
+                   for d in range(self.n)]
+        pieces = {d: [e for e in group(d, cut) if targets[e] is not None]
                   for d in active}
-        for level in reversed(levels):                       # reduce-scatter, inner first
+        for level in reversed(cut):                          # reduce-scatter, inner first
             new = {}
             for d in active:
                 mine = [e for e in pieces[d] if self.coords[e][level] == self.coords[d][level]]
-                for e in sorted(mine):
-                    for m in group(d, (level,)):
-                        self.move(t, m, d, box_volume(targets[e]))
+                if level in levels:          # (a replica level: d keeps its own copy's)
+                    for e in sorted(mine):
+                        for m in group(d, (level,)):
+                            self.move(t, m, d, box_volume(targets[e]))
                 new[d] = sorted(mine)
             pieces = new
-        for level in levels:                                 # all-gather where replicated
+        for level in cut:                                    # all-gather where replicated
             if states[level].kind != "replicated":
                 continue
             new = {d: list(p) for d, p in pieces.items()}

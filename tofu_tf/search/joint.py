@@ -47,7 +47,7 @@ from tofu_tf.search.ilp import DEFAULT_TIME_LIMIT, ilp_minimum, merged_vectors
 from tofu_tf.search.level import LevelModel, choice_work, level_models
 from tofu_tf.search.problem import (Choice, Problem, ProblemOp, SearchCache, TensorSpec,
                                     clamp_box, cost_vectors, fetch_extra, make_choice,
-                                    may_replicate, output_spec, sub_problem)
+                                    may_replicate, sub_problem)
 from tofu_tf.search.topology import Topology
 
 MAX_JOINT_CHOICES = 1_000_000        # joint choices summed over ops, before giving up
@@ -220,8 +220,7 @@ def _slots(choice: Choice, op: ProblemOp) -> list[tuple[int, str]]:
 
 
 def clamp_boxed(choice: Choice, op: ProblemOp, problem: Problem) -> Choice:
-    """A choice built on unbounded shapes, clamped to the tensors' real shapes (outputs to
-    the extent the level converts, `output_spec`)."""
+    """A choice built on unbounded shapes, clamped to the tensors' real shapes."""
     def clamp(boxes, shape):
         return None if boxes is None else tuple(clamp_box(box, shape, (0,) * len(shape))
                                                 for box in boxes)
@@ -234,8 +233,8 @@ def clamp_boxed(choice: Choice, op: ProblemOp, problem: Problem) -> Choice:
         choice, input_boxes=tuple(clamp(b, problem.tensors[t].shape)
                                   for b, t in zip(choice.input_boxes, op.inputs)),
         input_extra=tuple(extra(i, b) for i, b in enumerate(choice.input_boxes)),
-        output_boxes=tuple(clamp(b, output_spec(problem, op, o).shape)
-                           for o, b in enumerate(choice.output_boxes)))
+        output_boxes=tuple(clamp(b, problem.tensors[t].shape)
+                           for b, t in zip(choice.output_boxes, op.outputs)))
 
 
 def _joint_choices(walk: "_Walk", context: _Context, scope: tuple[int, ...],

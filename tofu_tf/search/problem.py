@@ -55,15 +55,15 @@ class ProblemOp:
     outputs: tuple[str, ...]                         # tensor per output (updates: the variable)
     input_offsets: tuple[tuple[int, ...], ...]       # local input coord + delta = tensor coord
     key: int | None = None                           # semantics signature id (None: unique)
-    # Per output: the local output's shape when an outer level produced it Partial. The
-    # group then reduces its whole local output (not only the part it keeps) before the
-    # outer reduction, so this level's conversion covers that whole extent.
-    reduce_domains: tuple[tuple[int, ...] | None, ...] = ()
+    # Per output: whether an outer level produced it Partial. Where this level produces it
+    # Replicated, the outer reduction left one copy in the group, cut among its parts
+    # (rewrite/collectives.py, partition.replica_levels): storing it R gathers it here.
+    reduced: tuple[bool, ...] = ()
     # Per input: the box (tensor coords) of the local input that holds data, including
     # what an outer level delivered from outside the stored part (None: the whole tensor).
     windows: tuple[Box | None, ...] = ()
-    # Interned id of (key, input_offsets, reduce_domains, windows): what the op's geometry
-    # holds besides k and its tensors' kinds (None: no key, the op is unique).
+    # Interned id of (key, input_offsets, windows, reduced): what the op's geometry holds
+    # besides k and its tensors' kinds (None: no key, the op is unique).
     template: int | None = None
 
 
@@ -213,7 +213,7 @@ def make_choice(problem: Problem, op: ProblemOp, strategy: Strategy | None) -> C
     for o, tensor in enumerate(op.outputs):
         state = strategy.outputs[o] if strategy is not None else REPLICATED
         produced.append(state)
-        shape = output_spec(problem, op, o).shape
+        shape = problem.tensors[tensor].shape
         if out_shapes[o] == shape:
             output_boxes.append(tuple([local.output_slices[o] for local in locals_]))
         else:
@@ -245,16 +245,9 @@ def _whole(shape) -> Box:
     return tuple((0, n) for n in shape)
 
 
-def output_spec(problem: Problem, op: ProblemOp, index: int) -> TensorSpec:
-    """The output tensor as this level converts it (see ProblemOp.reduce_domains)."""
-    spec = problem.tensors[op.outputs[index]]
-    domain = op.reduce_domains[index] if index < len(op.reduce_domains) else None
-    return spec if domain is None else TensorSpec(spec.name, tuple(domain), spec.dtype)
-
-
 def geometry(problem: Problem, op: ProblemOp) -> int | None:
     """Ops with equal geometry have equal choices and cost vectors (up to tensor names).
-    The geometry — k, signature, offsets, reduce domains, tensor kinds — is interned as an
+    The geometry — k, signature, offsets, windows, reductions above, tensor kinds — is interned as an
     id, so later keys hash an int."""
     geo = problem.geometries.get(op.name, False)
     if geo is False:
@@ -266,7 +259,7 @@ def _geometry(problem: Problem, op: ProblemOp) -> int | None:
     if op.key is None:
         return None
     template = op.template if op.template is not None else template_id(
-        problem.cache, op.key, op.input_offsets, op.reduce_domains, op.windows)
+        problem.cache, op.key, op.input_offsets, op.windows, op.reduced)
     kinds, kind = problem._kinds, problem.kind
     value = (problem.k, template,
              tuple(kinds[t] if t in kinds else kind(t) for t in op.inputs),
@@ -275,9 +268,9 @@ def _geometry(problem: Problem, op: ProblemOp) -> int | None:
     return ids.setdefault(value, len(ids))
 
 
-def template_id(cache: SearchCache, key, offsets, domains, windows) -> int:
+def template_id(cache: SearchCache, key, offsets, windows, reduced=()) -> int:
     ids = cache.templates
-    return ids.setdefault((key, offsets, domains, windows), len(ids))
+    return ids.setdefault((key, offsets, windows, reduced), len(ids))
 
 
 def may_replicate(problem: Problem, op: ProblemOp, has_strategies: bool) -> bool:
@@ -441,19 +434,21 @@ def _pending_entries(problem, op, choice, batch: _Batch) -> list[tuple]:
             entries.append(("fetch", ("in", i), spec, batch.add(boxes, spec.shape),
                             extra))
     for o, state in enumerate(choice.produced):
-        spec = output_spec(problem, op, o)
+        spec = problem.tensors[op.outputs[o]]
         domain = _domain(choice.output_boxes[o], spec.shape)
         size = box_volume(domain)
-        if state.kind == "partial":
-            entries.append(("partial", ("out", o), spec, None, size))
+        if state.kind == "partial":    # the group reduces all it produced (collectives.py)
+            entries.append(("partial", ("out", o), spec, None,
+                            math.prod(op.sem.output_shapes[o])))
         elif state.kind == "split":
             entries.append(("convert", ("out", o), spec,
                             batch.add((domain,) * problem.k, spec.shape),
                             (batch.add(choice.output_boxes[o], spec.shape),
                              math.prod(spec.shape) - size)))
-        else:
+        else:           # a reduced output comes whole from outside (ProblemOp.reduced)
+            reduced = o < len(op.reduced) and op.reduced[o]
             entries.append(("replicated", ("out", o), spec, None,
-                            (None, math.prod(spec.shape) - size)))
+                            (None, math.prod(spec.shape) - (0 if reduced else size))))
     return entries
 
 
@@ -472,7 +467,9 @@ def _finish(problem, entry, volumes, pairs, rank, columns
     every further copy an inner device needs is counted here, so the levels add up to the
     bytes each device really receives:
     fetch  += extra copies of delivered input elements (the same for every state);
-    convert, replicated state += (k - 1) x the stored elements produced outside the group.
+    convert, replicated state += (k - 1) x the stored elements produced outside the group
+    (all of them for an output an outer level reduced: ProblemOp.reduced).
+    A Partial output reduces all the op's local output, the part other groups store too.
     A G(d) state is stored as Split(d) and then assembled whole on every part, once: its
     conversion is Split(d)'s plus what each part lacks of the whole (a Partial one reduces
     as for R, an all-reduce), and its reads fetch nothing more, as from R.
@@ -528,7 +525,7 @@ def root_problem(graph, entries, k: int, replicable=frozenset(),
                                                 for c in entry.semantics.updates)
             offsets = tuple((0,) * len(tensors[t].shape) for t in op.inputs)
             template = None if entry.signature is None else template_id(
-                cache, entry.signature, offsets, (), ())
+                cache, entry.signature, offsets, ())
             ops.append(ProblemOp(op.name, entry.semantics, entry.strategies,
                                  tuple(op.inputs), outputs, offsets, entry.signature,
                                  template=template))
@@ -606,7 +603,7 @@ def with_views(graph, ops: list[ProblemOp], tensors: dict[str, TensorSpec],
                 [spec.dtype])
             offsets = ((0,) * len(spec.shape),)
             out_ops.append(ProblemOp(view[:-2], sem, strategies, (t,), (view,), offsets, key,
-                                     template=template_id(cache, key, offsets, (), ())))
+                                     template=template_id(cache, key, offsets, ())))
         if reads:
             op = dataclasses.replace(op, inputs=tuple(view_of(t) if t in reads else t
                                                       for t in op.inputs))
@@ -645,7 +642,7 @@ def sub_problem(problem: Problem, states, choices, k: int, *, describe: bool = T
             ops.append(local)
         else:        # equal geometry and choice: equal local op, up to the tensor names
             ops.append(ProblemOp(op.name, local.sem, local.strategies, op.inputs, op.outputs,
-                                 local.input_offsets, local.key, local.reduce_domains,
+                                 local.input_offsets, local.key, local.reduced,
                                  local.windows, local.template))
     return Problem(k, ops, tensors, problem.replicable, problem.replicate_below, cache=cache,
                    views=problem.views)
@@ -669,22 +666,21 @@ def _local_problem_op(problem: Problem, op: ProblemOp, label: str, tensors,
     """Part 0's local op, re-described (as far as `detail`) so the next level derives its
     own strategies."""
     key = (op.key, label, problem.k, detail) if op.key is not None else None
+    reduced = _reduced(problem, op, label)
     if key is None or key not in local_memo:
         built = _describe_local(problem, op, label, tensors, memo, detail)
         if key is None:
             sem, strategies, shifts, sig = built
             return ProblemOp(op.name, sem, strategies, op.inputs, op.outputs,
                              _shifted(op.input_offsets, shifts), sig,
-                             _reduce_domains(problem, op, label, sem),
-                             _windows(problem, op, label))
-        built = (*built, _reduce_domains(problem, op, label, built[0]))
+                             reduced, _windows(problem, op, label))
         local_memo[key] = built
     # Ops of one signature share the local semantics (its op_name is the first one's).
-    sem, strategies, shifts, sig, domains = local_memo[key]
+    sem, strategies, shifts, sig = local_memo[key]
     offsets, windows = _shifted(op.input_offsets, shifts), _windows(problem, op, label)
-    template = None if sig is None else template_id(problem.cache, sig, offsets, domains,
-                                                    windows)
-    return ProblemOp(op.name, sem, strategies, op.inputs, op.outputs, offsets, sig, domains,
+    template = None if sig is None else template_id(problem.cache, sig, offsets, windows,
+                                                    reduced)
+    return ProblemOp(op.name, sem, strategies, op.inputs, op.outputs, offsets, sig, reduced,
                      windows, template)
 
 
@@ -706,13 +702,14 @@ def _windows(problem: Problem, op: ProblemOp, label: str) -> tuple[Box | None, .
     return tuple(windows)
 
 
-def _reduce_domains(problem: Problem, op: ProblemOp, label: str, sem: Semantics):
-    """Local output shapes of the outputs this op's choice produced Partial."""
+def _reduced(problem: Problem, op: ProblemOp, label: str) -> tuple[bool, ...]:
+    """ProblemOp.reduced for the next level: Partial here or at an outer level."""
     choice = next((c for c in problem.choices[op.name] if c.label == label), None)
-    if choice is None or not any(s.kind == "partial" for s in choice.produced):
-        return ()
-    return tuple(tuple(sem.output_shapes[o]) if state.kind == "partial" else None
-                 for o, state in enumerate(choice.produced))
+    if choice is None:
+        return op.reduced
+    flags = tuple((o < len(op.reduced) and op.reduced[o]) or state.kind == "partial"
+                  for o, state in enumerate(choice.produced))
+    return flags if any(flags) else ()
 
 
 def _shifted(offsets, shifts) -> tuple[tuple[int, ...], ...]:
