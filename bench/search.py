@@ -374,8 +374,14 @@ def table(stored: dict) -> str:
                      "checks). Where two ops read the same region a device lacks, the emitter "
                      "sends it once; without shared reads the search counts it per reader "
                      "(excess column); with them (`Options(shared_reads=True)`, rows marked) "
-                     "the readers read through a view the search may assemble once. Search "
-                     "s: make_plan, one run.")
+                     "the readers read through a view the search may assemble once. Across "
+                     "levels a partial result is reduced once per slice, however many copies "
+                     "of it a group holds, and a small one level by level (rewrite/"
+                     "collectives.py), as the search prices it: with shared reads the "
+                     "outermost level's two accounts agree wherever its cut is two-way; "
+                     "inside the groups the search prices each reader's copies of delivered "
+                     "regions, the emitter sends a device each region once. Search s: "
+                     "make_plan, one run.")
     if stored.get("machines"):
         lines += ["", "| section | machine | reference loop s |", "|---|---|---|"]
         for section, row in sorted(stored["machines"].items()):

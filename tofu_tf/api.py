@@ -38,7 +38,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
-from tofu_tf.errors import KeptWholeWarning, TofuError
+from tofu_tf.errors import KeptWholeWarning, PlanInfeasibleError, TofuError
 from tofu_tf.graph import Graph
 from tofu_tf.op_semantics.catalog import catalog, missing_types
 from tofu_tf.options import Options
@@ -49,7 +49,7 @@ from tofu_tf.rewrite.ledger import Ledger
 from tofu_tf.rewrite.pricing import predict_bytes
 from tofu_tf.rewrite.verify import verify
 from tofu_tf.runtime.session import Runner, box_slices
-from tofu_tf.search.plan import Plan, make_plan, step_graph
+from tofu_tf.search.plan import Plan, human_bytes, make_plan, step_graph
 from tofu_tf.search.reuse import check_plan
 from tofu_tf.search.topology import Topology, check_fits
 
@@ -151,17 +151,54 @@ def optimize(graph_def: graph_pb2.GraphDef, fetches: Sequence[str], *,
                              devices=devices, plan=plan, expose=expose)
 
 
+# Plans a budget may take before the emitted step's estimate fits (`optimize_imported`).
+BUDGET_ROUNDS = 3
+
+
 def optimize_imported(imported: ImportedGraph, topology: Topology, *,
                       feeds: Sequence[str] = (), options: Options = Options(),
                       devices: Sequence[str] | None = None, plan: Plan | None = None,
                       expose: Sequence[str] = ()) -> Optimized:
-    """Plan (unless given), emit and verify an imported graph."""
+    """Plan (unless given), emit and verify an imported graph. With a memory budget, the
+    emitted step's estimated peak (`Optimized.memory`, which also counts the buffers its
+    transfers pass through, unlike the plan's) must fit too: where it does not, the plan
+    is searched again under the budget scaled by budget / peak, up to BUDGET_ROUNDS
+    times, and then a PlanInfeasibleError names the peak."""
     check_fits(imported.graph, topology)
     entries = catalog(imported.graph, strict=options.strict)
     _warn_kept_whole(entries)
-    given = plan is not None
-    if not given:
-        plan = make_plan(imported.graph, topology, options=options)
+    if plan is not None:
+        return _emitted(imported, topology, entries, plan, True, feeds, options, devices,
+                        expose)
+    budget = planned = options.memory_budget_bytes
+    peak = None
+    for _ in range(BUDGET_ROUNDS + 1):
+        lowest = planned
+        try:
+            plan = make_plan(imported.graph, topology, options=dataclasses.replace(
+                options, memory_budget_bytes=planned))
+        except PlanInfeasibleError:
+            if peak is None:
+                raise
+            break
+        optimized = _emitted(imported, topology, entries, plan, False, feeds, options,
+                             devices, expose)
+        if budget is None:
+            return optimized
+        peak = max(device.peak_bytes for device in optimized.memory(explain=0).values())
+        if peak <= budget:
+            return optimized
+        planned = int(planned * budget / peak)
+    raise PlanInfeasibleError(
+        f"the emitted step's estimated peak per device is {human_bytes(peak)} (its plan's "
+        f"own estimate {human_bytes(plan.peak_bytes)}: the rest are buffers its transfers "
+        f"pass through), over the budget of {human_bytes(budget)}; plans searched for "
+        f"budgets down to {human_bytes(lowest)} peak no lower.",
+        fix="raise the budget, or hold less: Options(recompute=...), early updates.")
+
+
+def _emitted(imported: ImportedGraph, topology: Topology, entries, plan: Plan, given: bool,
+             feeds, options: Options, devices, expose) -> Optimized:
     if plan.early_updates or plan.recompute:      # the step the plan partitions
         imported = planned_step(imported, plan)
         entries = catalog(imported.graph, strict=options.strict)

@@ -95,7 +95,8 @@ class Options:
     objective: Objective = Objective.BYTES
     # Largest estimated peak bytes per device (search/memory.py) a plan may have; None: no
     # limit. The search then returns the least-communication plan it finds that fits, or
-    # raises PlanInfeasibleError with the smallest peak it reached.
+    # raises PlanInfeasibleError with the smallest peak it reached. `optimize` holds the
+    # emitted step to it as well (api.optimize_imported: transfer buffers included).
     memory_budget_bytes: int | None = None
     # Seconds the search may take (all its searches, for a budget); past it, the search
     # stops at the next level boundary with a PlanInfeasibleError. None: no limit.
