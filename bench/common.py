@@ -157,12 +157,18 @@ def paired_medians(first, second, steps: int, warmup: int, block: int = 10
 
 def load(model: str, sizes: dict):
     """(planner graph, build + import seconds) of a graph-only model."""
+    imported, seconds = load_imported(model, sizes)
+    return imported.graph, seconds
+
+
+def load_imported(model: str, sizes: dict):
+    """(ImportedGraph, build + import seconds) of a graph-only model."""
     from tofu_tf.models import build
     from tofu_tf.importer.graphdef_io import import_graph_def
     start = time.perf_counter()
     step = build(model, optimizer="sgd", graph_only=True, initializers=False, **sizes)
-    graph = import_graph_def(step.graph_def, step.fetches).graph
-    return graph, time.perf_counter() - start
+    imported = import_graph_def(step.graph_def, step.fetches)
+    return imported, time.perf_counter() - start
 
 
 def read_results(name: str, fresh: bool) -> dict:

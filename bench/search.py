@@ -47,7 +47,7 @@ from pathlib import Path
 from absl import app, flags
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import (commit_label, configurations, load, machine,  # noqa: E402
+from common import (commit_label, configurations, load, load_imported, machine,  # noqa: E402
                     read_results, write_results)
 
 FLAGS = flags.FLAGS
@@ -65,9 +65,13 @@ flags.DEFINE_float("flop_bytes", 0.0, "configs and gap: Options.flop_bytes of th
 
 
 
-def run_one(graph, devices: int, repeats: int, with_baselines: bool) -> dict:
+def run_one(imported, devices: int, repeats: int, with_baselines: bool) -> dict:
+    """The search's row; `emitted_bytes`: what the plan's emitted step moves
+    (rewrite/pricing.py, which the verifier holds the ledger to)."""
+    from tofu_tf.api import predict
     from tofu_tf.search.plan import make_plan
     from tofu_tf.search.topology import Topology
+    graph = imported.graph
     topology = Topology.default(devices)
     from tofu_tf.options import Options
     seconds, plan = [], None
@@ -78,7 +82,8 @@ def run_one(graph, devices: int, repeats: int, with_baselines: bool) -> dict:
            "search_seconds": statistics.median(seconds),
            "search_seconds_all": seconds, "plan_bytes": plan.total_bytes,
            "bytes_per_level": list(plan.bytes_per_level), "exact": plan.exact,
-           "variable_storage": plan.variable_storage}
+           "variable_storage": plan.variable_storage,
+           "emitted_bytes": predict(plan, imported)[0].predicted_bytes}
     if with_baselines:
         from tofu_tf.search.baselines import BASELINES
         row["baselines"] = {name: fn(graph, topology).total_bytes
@@ -289,7 +294,8 @@ def accounts(shapes=("2", "4", "8", "2x4", "2x2x2")) -> dict:
 def table(stored: dict) -> str:
     results = stored.get("results", {})
     lines = ["| config | devices | ops | search s (median) | search s before | plan GiB | "
-             "plan GiB before | best baseline GiB |", "|---|---|---|---|---|---|---|---|"]
+             "plan GiB before | emitted GiB | emitted GiB before | best baseline GiB |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for key in sorted(results, key=lambda k: (results[k]["config"], results[k]["devices"])):
         row = results[key]
         base = row.get("baselines") or {}
@@ -297,16 +303,23 @@ def table(stored: dict) -> str:
         before = row.get("before", {})
         seconds_before = (f"{before['search_seconds']:.2f}" if "search_seconds" in before
                           else "-")
-        gib_before = f"{before['plan_bytes'] / 2**30:.3f}" if "plan_bytes" in before else "-"
+        gib = {key: f"{value / 2**30:.3f}" for key, value in
+               [("plan", row["plan_bytes"]), ("emitted", row.get("emitted_bytes"))] +
+               [(f"{k}_before", before.get(f"{k}_bytes")) for k in ("plan", "emitted")]
+               if value is not None}
         lines.append(f"| {row['config']} | {row['devices']} | {row['num_ops']} | "
-                     f"{row['search_seconds']:.2f} | {seconds_before} | "
-                     f"{row['plan_bytes'] / 2**30:.3f} | {gib_before} | "
+                     f"{row['search_seconds']:.2f} | {seconds_before} | {gib['plan']} | "
+                     f"{gib.get('plan_before', '-')} | {gib.get('emitted', '-')} | "
+                     f"{gib.get('emitted_before', '-')} | "
                      f"{best[1] / 2**30:.3f} ({best[0]}) |")
     codes = sorted({row.get("code", "") for row in results.values()} - {""})
     before = sorted({row["before"].get("code", "earlier") for row in results.values()
                      if "before" in row})
     lines.append(f"\nBefore: the row each rerun replaced (code {', '.join(before) or '-'}); "
-                 f"rows measured at code {', '.join(codes) or '-'}.")
+                 f"rows measured at code {', '.join(codes) or '-'}. Plan: the bytes the search "
+                 "prices its plan at (and the baselines theirs, on the same model); emitted: "
+                 "what the plan's emitted step moves (rewrite/pricing.py, which the verifier "
+                 "holds the ledger to).")
     for label, ratio in sorted(stored.get("depth_doubling", {}).items()):
         lines.append(f"\nSearch-time ratio per doubling of depth, {label}: {ratio:.2f}")
     if stored.get("end_to_end"):
@@ -420,20 +433,21 @@ def configs(stored: dict) -> dict:
     returns the search-time ratios per doubling of depth."""
     wanted = [c for c in FLAGS.only.split(",") if c] or list(configurations())
     for name in wanted:
-        graph, build_seconds = load(*configurations()[name])
+        imported, build_seconds = load_imported(*configurations()[name])
         for devices in (int(d) for d in FLAGS.devices.split(",")):
-            row = run_one(graph, devices, FLAGS.repeats, FLAGS.baselines)
+            row = run_one(imported, devices, FLAGS.repeats, FLAGS.baselines)
             row.update(config=name, build_import_seconds=build_seconds,
                        code=commit_label())
             old = stored["results"].get(f"{name}@{devices}")
             if old is not None:                # the row it replaces, for before/after
-                row["before"] = {k: old[k] for k in ("plan_bytes", "search_seconds", "code")
-                                 if k in old}
+                row["before"] = {k: old[k] for k in ("plan_bytes", "search_seconds", "code",
+                                                     "emitted_bytes") if k in old}
             stored["results"][f"{name}@{devices}"] = row
             print(f"{name} @ {devices}: search {row['search_seconds']:.2f} s, "
-                  f"plan {row['plan_bytes'] / 2**30:.3f} GiB", flush=True)
+                  f"plan {row['plan_bytes'] / 2**30:.3f} GiB, emitted "
+                  f"{row['emitted_bytes'] / 2**30:.3f} GiB", flush=True)
             write(stored)                  # keep what is done if the run is cut short
-        del graph
+        del imported
     return depth_doubling(stored["results"])
 
 

@@ -247,8 +247,8 @@ def _whole(shape) -> Box:
 
 def geometry(problem: Problem, op: ProblemOp) -> int | None:
     """Ops with equal geometry have equal choices and cost vectors (up to tensor names).
-    The geometry — k, signature, offsets, windows, reductions above, tensor kinds — is interned as an
-    id, so later keys hash an int."""
+    The geometry — k, signature, offsets, windows, reductions above, tensor kinds — is
+    interned as an id, so later keys hash an int."""
     geo = problem.geometries.get(op.name, False)
     if geo is False:
         geo = problem.geometries[op.name] = _geometry(problem, op)
