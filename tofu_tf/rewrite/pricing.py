@@ -3,8 +3,9 @@
 The search prices each level's cut inside its groups, and every op's read on its own
 (search/cost.py), as Tofu's recursion does; the emitted graph moves each region a device
 lacks from the nearest device that holds it, once, so the two differ (the emitted step
-moves 7-23% less on the reference models at 2x2x2, and up to half less over the outermost
-links). This module prices what the emitter realises, from the per-device boxes (no
+moves 8-22% less on the reference models at 2x2x2, and up to a third less over the
+outermost links; with Options.shared_reads the outermost links agree, bench/results/
+search.md). This module prices what the emitter realises, from the per-device boxes (no
 TensorFlow), with the rules the emitter follows:
 
 - read: an op on device d reads box B of a tensor stored as S_d on d (an op computed once,
