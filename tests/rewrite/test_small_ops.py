@@ -60,7 +60,7 @@ def test_a_small_partial_result_is_combined_level_by_level(topology):
     combines them (at the outermost level a pair swaps them), and the devices that read
     the result fetch it from the nearest member holding it. Per level, each such tensor
     moves what the search priced for it (a Replicated partial result: 2 (k - 1) |D| per
-    group), and only a root receives more than one copy."""
+    group), and per level only a root receives more than one copy."""
     optimized = compare("mlp", "sgd", topology=topology, dtype="float64",
                         options=Options(variable_storage=VariableStorage.REPLICABLE))
     plan = optimized.plan
