@@ -21,7 +21,9 @@ all-reduce or reduce-scatter along the hierarchy, the outer links carrying each 
 once; at a Replicated replica level, the (k - 1) |stored part| the search prices where the
 op produces a reduced output replicated (search/problem.py, ProblemOp.reduced). A small
 replicated partial result (partition.exchanges: a bias gradient, a norm's scale) is reduced
-by exchange, level by level (partition.exchange_rounds): fewer messages and no slices. On
+by exchange, level by level (partition.exchange_rounds): fewer messages and no slices. With
+V2 collectives (partition.all_reduces) each reduction group all-reduces its members' slices
+in one CollectiveReduceV2 (a flat ring over all its levels), gathered as above. On
 logical CPU devices the pieces travel as plain cross-device edges (TensorFlow's Send/Recv);
 sums run in a fixed member order, so replicas hold bit-identical values.
 """
@@ -44,19 +46,24 @@ def reduce_all(em, t: str, op: str) -> dict[int, dict[Box, Ref]]:
     levels, reducer = em.partial[t]
     levels = tuple(sorted(levels))
     states = [parse_state(s) for s in em.plan_states(t)]
-    if all_reduces(em.use_v2, reducer, levels, states):
-        return _all_reduce_v2(em, t, op, levels, reducer)
     boxes = [value and value.box for value in em.produced[t]]
     replicas = replica_levels(em.parts, levels, boxes)
-    if exchanges(levels, states, boxes, em.itemsize(t), replicas):
-        return _exchange(em, t, op, levels, reducer, replicas)
-    cut = tuple(sorted(levels + replicas))
     coordinates = em.parts.coordinates
     active = em.active(t)
     shape = em.graph.tensors[t].shape
-    targets = {d: reduce_target(em.produced[t][d].box, cut, states, coordinates(d),
-                                em.parts.ways, shape) if d in active else None
-               for d in range(em.n)}
+
+    def cut_at(cut):
+        return {d: reduce_target(em.produced[t][d].box, cut, states, coordinates(d),
+                                 em.parts.ways, shape) if d in active else None
+                for d in range(em.n)}
+    if all_reduces(em.use_v2, reducer, levels, states):
+        targets = cut_at(replicas)
+        pieces = _all_reduce_v2(em, t, op, levels, reducer, targets)
+        return _gathered(em, t, op, pieces, replicas, states, targets)
+    if exchanges(levels, states, boxes, em.itemsize(t), replicas):
+        return _exchange(em, t, op, levels, reducer, replicas)
+    cut = tuple(sorted(levels + replicas))
+    targets = cut_at(cut)
     # Every device starts with its (scaled) partial result of D, cut into the targets of
     # its group: pieces are (owners, box, tensor), a run of owners whose targets tile one
     # box sharing a piece.
@@ -83,10 +90,17 @@ def reduce_all(em, t: str, op: str) -> dict[int, dict[Box, Ref]]:
                     terms.append(part)
                 new[d].append((run, box, _combine(em, t, terms, reducer, d)))
         pieces = new
-    for level in cut:                                      # all-gather where replicated
+    return _gathered(em, t, op, pieces, cut, states, targets)
+
+
+def _gathered(em, t: str, op: str, pieces, levels, states, targets
+              ) -> dict[int, dict[Box, Ref]]:
+    """Per device {box: tensor} after the all-gather at the `levels` whose state is
+    Replicated, outermost first."""
+    for level in levels:
         if states[level].kind == "replicated":
-            pieces = {d: _gather(em, t, op, pieces, d, level, targets) for d in active}
-    return {d: {box: tensor for _, box, tensor in pieces[d]} for d in active}
+            pieces = {d: _gather(em, t, op, pieces, d, level, targets) for d in pieces}
+    return {d: {box: tensor for _, box, tensor in held} for d, held in pieces.items()}
 
 
 @dataclass(frozen=True)
@@ -133,7 +147,7 @@ def _gather(em, t: str, op: str, pieces, d: int, level: int, targets):
     for m in em.parts.group(d, (level,)):
         if m == d:
             continue
-        for owners, box, tensor in pieces[m]:
+        for owners, box, tensor in pieces.get(m, ()):
             for run in ([owners] if not set(owners) & have else
                         [(e,) for e in owners if e not in have]):
                 part_box = box if run == owners else targets[run[0]]
@@ -203,28 +217,30 @@ def _exchange(em, t: str, op: str, levels, reducer: str,
 V2_MERGE = {"sum": "Add", "mean": "Add", "max": "Max", "min": "Min", "prod": "Mul"}
 
 
-def _all_reduce_v2(em, t: str, op: str, levels, reducer: str) -> dict[int, dict]:
+def _all_reduce_v2(em, t: str, op: str, levels, reducer: str, targets) -> dict[int, list]:
     """One CollectiveReduceV2 per reduction group (a ring all-reduce over its devices,
-    NCCL on GPUs): 2 (g - 1) / g of the region per member, as the levels' sum prices it."""
-    held: dict[int, dict] = {}
+    NCCL on GPUs) of its members' `targets` (their copy's slice at the replica levels,
+    partition.replica_levels; the whole region without any): 2 (g - 1) / g of it per
+    member, as the levels' sum prices it. Per device, its pieces for `_gathered`."""
+    pieces: dict[int, list] = {}
     done: set[int] = set()
     for d in em.active(t):
-        if d in done:
+        if d in done or targets[d] is None:
             continue
         group = em.parts.group(d, levels)
         done.update(group)
         key = em.collective_keys(group)
+        size = len(group)
         for m in group:
-            value = em.produced[t][m]
-            reduced = _collective_reduce(em, value.tensor, len(group), key, reducer, m,
+            value = em._cut(em.produced[t][m], targets[m], m)
+            reduced = _collective_reduce(em, value, size, key, reducer, m,
                                          em._name(t.replace(":", "_") + "/all_reduce"))
             em.collective_ops.append(reduced.node)
-            size = len(group)
             em.ledger.add("reduce", t, op, group[(group.index(m) - 1) % size], m,
-                          2 * (size - 1) * box_volume(value.box) * em.itemsize(t) // size,
+                          2 * (size - 1) * box_volume(targets[m]) * em.itemsize(t) // size,
                           collective=True)
-            held[m] = {value.box: reduced}
-    return held
+            pieces[m] = [((m,), targets[m], reduced)]
+    return pieces
 
 
 def _collective_reduce(em, tensor: Ref, size: int, key: tuple[int, int], reducer: str,

@@ -209,10 +209,18 @@ class _Pricer:
         states = [parse_state(s) for s in self.plan_states(t)]
         produced = self.produced[t]
         active = [d for d in range(self.n) if produced[d] is not None]   # its stage's
-        if all_reduces(self.use_v2, reducer, levels, states):
-            self.held[t] = self._all_reduce(t, levels, produced, active)
-            return self.held[t]
         replicas = replica_levels(self.parts, levels, produced)
+        shape = self.graph.tensors[t].shape
+
+        def cut_at(cut):
+            return [reduce_target(produced[d], cut, states, self.coords[d], self.parts.ways,
+                                  shape) if produced[d] is not None else None
+                    for d in range(self.n)]
+        if all_reduces(self.use_v2, reducer, levels, states):
+            targets = cut_at(replicas)
+            self._all_reduce(t, levels, targets, active)
+            pieces = {d: [d] for d in active if targets[d] is not None}
+            return self._gathered(t, pieces, replicas, states, targets)
         if exchanges(levels, states, produced, DTYPE_SIZES.get(self.graph.tensors[t].dtype, 4),
                      replicas):
             holders = active
@@ -225,10 +233,7 @@ class _Pricer:
             return self.held[t]
         group = self.parts.group
         cut = tuple(sorted(levels + replicas))
-        shape = self.graph.tensors[t].shape
-        targets = [reduce_target(produced[d], cut, states, self.coords[d], self.parts.ways,
-                                 shape) if produced[d] is not None else None
-                   for d in range(self.n)]
+        targets = cut_at(cut)
         pieces = {d: [e for e in group(d, cut) if targets[e] is not None]
                   for d in active}
         for level in reversed(cut):                          # reduce-scatter, inner first
@@ -241,14 +246,20 @@ class _Pricer:
                             self.move(t, m, d, box_volume(targets[e]))
                 new[d] = sorted(mine)
             pieces = new
-        for level in cut:                                    # all-gather where replicated
+        return self._gathered(t, pieces, cut, states, targets)
+
+    def _gathered(self, t: str, pieces, levels, states, targets) -> list[list[Box]]:
+        """The all-gather at the `levels` whose state is Replicated, outermost first:
+        each member receives the pieces (by distinct box) it lacks; the pieces each device
+        then holds, remembered for `t`."""
+        for level in levels:
             if states[level].kind != "replicated":
                 continue
             new = {d: list(p) for d, p in pieces.items()}
-            for d in active:
+            for d in pieces:
                 boxes = {targets[e] for e in new[d]}
-                for m in group(d, (level,)):
-                    for e in pieces[m]:
+                for m in self.parts.group(d, (level,)):
+                    for e in pieces.get(m, ()):
                         if e in new[d] or targets[e] in boxes:
                             continue
                         self.move(t, m, d, box_volume(targets[e]))
@@ -258,13 +269,15 @@ class _Pricer:
         self.held[t] = [[targets[e] for e in pieces.get(d, ())] for d in range(self.n)]
         return self.held[t]
 
-    def _all_reduce(self, t: str, levels, produced, active) -> list[list[Box]]:
+    def _all_reduce(self, t: str, levels, targets, active) -> None:
+        """V2 all-reduces of each member's target: 2 (g - 1) / g of it per member."""
         itemsize = DTYPE_SIZES.get(self.graph.tensors[t].dtype, 4)
         for d in active:
+            if targets[d] is None:
+                continue
             group = self.parts.group(d, levels)
             size = len(group)
-            nbytes = 2 * (size - 1) * box_volume(produced[d]) * itemsize // size
+            nbytes = 2 * (size - 1) * box_volume(targets[d]) * itemsize // size
             src = group[(group.index(d) - 1) % size]
             if src != d and nbytes:
                 self.per_level[self.level(src, d)] += nbytes
-        return [[produced[d]] if produced[d] is not None else [] for d in range(self.n)]
