@@ -163,14 +163,23 @@ def optimize_imported(imported: ImportedGraph, topology: Topology, *,
     emitted step's estimated peak (`Optimized.memory`, which also counts the buffers its
     transfers pass through, unlike the plan's) must fit too: where it does not, the plan
     is searched again under the budget scaled by budget / peak, up to BUDGET_ROUNDS
-    times, and then a PlanInfeasibleError names the peak."""
+    times, and then a PlanInfeasibleError names the peak (a given plan's, at once)."""
     check_fits(imported.graph, topology)
     entries = catalog(imported.graph, strict=options.strict)
     _warn_kept_whole(entries)
-    if plan is not None:
-        return _emitted(imported, topology, entries, plan, True, feeds, options, devices,
-                        expose)
     budget = planned = options.memory_budget_bytes
+    if plan is not None:
+        optimized = _emitted(imported, topology, entries, plan, True, feeds, options,
+                             devices, expose)
+        if budget is not None:
+            peak = max(m.peak_bytes for m in optimized.memory(explain=0).values())
+            if peak > budget:
+                raise PlanInfeasibleError(
+                    f"the given plan's emitted step peaks at an estimated "
+                    f"{human_bytes(peak)} per device, over the budget of "
+                    f"{human_bytes(budget)}.",
+                    fix="plan again under this budget (optimize without plan=), or raise it.")
+        return optimized
     peak = None
     for _ in range(BUDGET_ROUNDS + 1):
         lowest = planned

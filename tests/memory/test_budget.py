@@ -84,3 +84,18 @@ def test_a_budget_only_the_plan_meets_names_the_emitted_peak(transformer):
     with pytest.raises(PlanInfeasibleError, match="emitted step's estimated peak"):
         optimize(step.graph_def, step.fetches, feeds=list(step.feeds), num_devices=8,
                  options=Options(memory_budget_bytes=budget))
+
+
+def test_a_given_plan_over_the_budget_is_refused(transformer):
+    """A stored plan is not searched again: where its emitted step's estimate exceeds the
+    budget, the error says so; under a budget it meets, it is emitted as given."""
+    step, _, free = transformer
+    args = (step.graph_def, step.fetches)
+    optimized = optimize(*args, feeds=list(step.feeds), plan=free)
+    peak = max(m.peak_bytes for m in optimized.memory(explain=0).values())
+    with pytest.raises(PlanInfeasibleError, match="given plan's emitted step"):
+        optimize(*args, feeds=list(step.feeds), plan=free,
+                 options=Options(memory_budget_bytes=peak - 1))
+    again = optimize(*args, feeds=list(step.feeds), plan=free,
+                     options=Options(memory_budget_bytes=peak))
+    assert again.plan.total_bytes == free.total_bytes
