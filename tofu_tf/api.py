@@ -172,7 +172,7 @@ def optimize_imported(imported: ImportedGraph, topology: Topology, *,
         optimized = _emitted(imported, topology, entries, plan, True, feeds, options,
                              devices, expose)
         if budget is not None:
-            peak = max(m.peak_bytes for m in optimized.memory(explain=0).values())
+            peak = _peak(optimized)
             if peak > budget:
                 raise PlanInfeasibleError(
                     f"the given plan's emitted step peaks at an estimated "
@@ -194,7 +194,7 @@ def optimize_imported(imported: ImportedGraph, topology: Topology, *,
                              devices, expose)
         if budget is None:
             return optimized
-        peak = max(device.peak_bytes for device in optimized.memory(explain=0).values())
+        peak = _peak(optimized)
         if peak <= budget:
             return optimized
         planned = int(planned * budget / peak)
@@ -204,6 +204,11 @@ def optimize_imported(imported: ImportedGraph, topology: Topology, *,
         f"pass through), over the budget of {human_bytes(budget)}; plans searched for "
         f"budgets down to {human_bytes(lowest)} peak no lower.",
         fix="raise the budget, or hold less: Options(recompute=...), early updates.")
+
+
+def _peak(optimized: Optimized) -> int:
+    """The emitted step's largest estimated peak over its devices."""
+    return max(device.peak_bytes for device in optimized.memory(explain=0).values())
 
 
 def _emitted(imported: ImportedGraph, topology: Topology, entries, plan: Plan, given: bool,
