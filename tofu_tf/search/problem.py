@@ -666,28 +666,28 @@ def _local_problem_op(problem: Problem, op: ProblemOp, label: str, tensors,
     """Part 0's local op, re-described (as far as `detail`) so the next level derives its
     own strategies."""
     key = (op.key, label, problem.k, detail) if op.key is not None else None
-    reduced = _reduced(problem, op, label)
+    choice = next((c for c in problem.choices[op.name] if c.label == label), None)
+    reduced = _reduced(op, choice)
     if key is None or key not in local_memo:
         built = _describe_local(problem, op, label, tensors, memo, detail)
         if key is None:
             sem, strategies, shifts, sig = built
             return ProblemOp(op.name, sem, strategies, op.inputs, op.outputs,
                              _shifted(op.input_offsets, shifts), sig,
-                             reduced, _windows(problem, op, label))
+                             reduced, _windows(problem, op, choice))
         local_memo[key] = built
     # Ops of one signature share the local semantics (its op_name is the first one's).
     sem, strategies, shifts, sig = local_memo[key]
-    offsets, windows = _shifted(op.input_offsets, shifts), _windows(problem, op, label)
+    offsets, windows = _shifted(op.input_offsets, shifts), _windows(problem, op, choice)
     template = None if sig is None else template_id(problem.cache, sig, offsets, windows,
                                                     reduced)
     return ProblemOp(op.name, sem, strategies, op.inputs, op.outputs, offsets, sig, reduced,
                      windows, template)
 
 
-def _windows(problem: Problem, op: ProblemOp, label: str) -> tuple[Box | None, ...]:
-    """Per input: part 0's data region of its local input, in tensor coords (the next
-    level's part-0 coords are the same)."""
-    choice = next(c for c in problem.choices[op.name] if c.label == label)
+def _windows(problem: Problem, op: ProblemOp, choice: Choice) -> tuple[Box | None, ...]:
+    """Per input: part 0's data region of its local input under `choice`, in tensor
+    coords (the next level's part-0 coords are the same)."""
     windows = []
     for i, tensor in enumerate(op.inputs):
         boxes = choice.input_boxes[i]
@@ -702,9 +702,8 @@ def _windows(problem: Problem, op: ProblemOp, label: str) -> tuple[Box | None, .
     return tuple(windows)
 
 
-def _reduced(problem: Problem, op: ProblemOp, label: str) -> tuple[bool, ...]:
+def _reduced(op: ProblemOp, choice: Choice | None) -> tuple[bool, ...]:
     """ProblemOp.reduced for the next level: Partial here or at an outer level."""
-    choice = next((c for c in problem.choices[op.name] if c.label == label), None)
     if choice is None:
         return op.reduced
     flags = tuple((o < len(op.reduced) and op.reduced[o]) or state.kind == "partial"
