@@ -12,10 +12,11 @@ each model once in each: the calibration half fits the kernel coefficients per o
 (on its traced kernels' shares of the step) and then the executor's constants (on its
 step times at every device count); the held-out half (`HELD_OUT`) is predicted with
 them, and its error is the figure. A second evaluation (`--timed_above`, results under
-graph_timed) gives the kernels the laws put at 100 us or more, in either half, their
-time run alone instead (one op on constant inputs, per shape and attributes: what a
-kernel costs measured where it can be, as FlexFlow's simulator does, not fitted); its
-held-out figure then measures the executor model and the laws of the small kernels.
+graph_timed) gives the kernels the laws put at 5 us or more, in either half, their time
+run alone instead (one op on constant inputs, per shape and attributes: what a kernel
+costs measured where it can be, as FlexFlow's simulator does, not fitted), and the cores
+each keeps busy (its time with one copy per core at once); its held-out figure then
+measures the schedule, the executor's constants and the laws of the smallest kernels.
 Section `plan` (tofu_tf/search/simulate.py, the plan-level model the paper comparison
 uses):
 
@@ -64,10 +65,11 @@ flags.DEFINE_enum("device", "cpu", ["cpu", "gpu"], "graph: cpu (logical CPU devi
                   "--device_counts) or gpu (unpartitioned steps on GPU:0 only, one GPU: the "
                   "kernel laws and the executor there, results under graph_gpu)")
 flags.DEFINE_enum("kernel_time", "share", ["share", "wall"], "graph: the kernel time the "
-                  "laws are fitted to: share (each moment of a kernel's run over the kernels "
-                  "running then, stepmodel.kernel_shares, scaled to the untraced step) or "
+                  "laws are fitted to: share (each moment of a kernel's run, at most a "
+                  "core's worth while more kernels than cores ran, stepmodel.kernel_shares, "
+                  "scaled to the untraced step) or "
                   "wall (its traced wall time)")
-flags.DEFINE_float("timed_above", 1e-4, "graph: also evaluate the model with the kernels "
+flags.DEFINE_float("timed_above", 5e-6, "graph: also evaluate the model with the kernels "
                    "the laws put at this many seconds or more timed alone "
                    "(stepmodel.time_kernels, per shape and attributes) in place of their "
                    "laws (results under graph_timed); 0: the laws alone")
@@ -264,9 +266,11 @@ def evaluate(runs: list[dict], timed: bool, cache: Path | None = None) -> dict:
     from tofu_tf.runtime import stepmodel
     fitting = [r for r in runs if r["config"] not in HELD_OUT]
     kernels = stepmodel.fit_kernels([s for r in fitting for s in r["samples"]])
-    if timed:
-        kernels = replace(kernels, timed=kernels_alone(runs, kernels, cache))
     cores = 1 if FLAGS.device == "gpu" else os.cpu_count() or 1   # one stream
+    if timed:
+        alone, together = kernels_alone(runs, kernels, cores, cache)
+        kernels = replace(kernels, timed=alone,
+                          cores=stepmodel.busy_cores(alone, together, cores))
     executor = stepmodel.fit_executor([(r["step"], r["measured"]) for r in fitting],
                                       kernels, cores)
     rows, errors = [], {"held_out": [], "calibration": []}
@@ -285,28 +289,34 @@ def evaluate(runs: list[dict], timed: bool, cache: Path | None = None) -> dict:
                for k, v in errors.items() if v}
     return {"rows": rows, "errors": summary, "command": " ".join(sys.argv),
             "timed_kernels": len(kernels.timed), "timed_above": FLAGS.timed_above if timed else 0,
+            "busy_cores": sorted(kernels.cores.values()),
             "calibration": stepmodel.Calibration(kernels, executor).to_json()}
 
 
-def kernels_alone(runs: list[dict], kernels, cache: Path | None) -> dict[str, float]:
-    """Kernel key -> seconds run alone, for every kernel of `runs` the laws put at
-    `--timed_above` or more (kept beside the runs cache)."""
+def kernels_alone(runs: list[dict], kernels, cores: int,
+                  cache: Path | None) -> tuple[dict[str, float], dict[str, float]]:
+    """Kernel key -> seconds run alone, and seconds of `cores` copies run at once, for
+    every kernel of `runs` the laws put at `--timed_above` or more (kept beside the runs
+    cache)."""
     import pickle
 
     from tensorflow.core.framework import graph_pb2
 
     from tofu_tf.runtime import stepmodel
     path = cache.with_suffix(".kernels.pkl") if cache is not None else None
-    timed = pickle.loads(path.read_bytes()) if path is not None and path.exists() else {}
+    alone, together = (pickle.loads(path.read_bytes()) if path is not None and path.exists()
+                       else ({}, {}))
     for r in runs:
-        nodes = [n for n in r["step"].nodes if n.key not in timed
+        nodes = [n for n in r["step"].nodes if n.key not in alone
                  and kernels.seconds(n) >= FLAGS.timed_above]
         if nodes:
-            timed.update(stepmodel.time_kernels(
-                graph_pb2.GraphDef.FromString(r["graph_def"]), nodes))
+            graph_def = graph_pb2.GraphDef.FromString(r["graph_def"])
+            alone.update(stepmodel.time_kernels(graph_def, nodes))
+            if cores > 1:
+                together.update(stepmodel.time_kernels(graph_def, nodes, copies=cores))
     if path is not None:
-        path.write_bytes(pickle.dumps(timed))
-    return timed
+        path.write_bytes(pickle.dumps((alone, together)))
+    return alone, together
 
 
 def kernel_samples(run: dict) -> list:
@@ -319,7 +329,9 @@ def kernel_samples(run: dict) -> list:
     stats = step_stats_pb2.StepStats.FromString(run["step_stats"])
     if FLAGS.kernel_time == "share":
         scale = min(1.0, run["measured"] / stepmodel.traced_seconds(stats))
-        times = {name: scale * t for name, t in stepmodel.kernel_shares(stats).items()}
+        cores = 1 if FLAGS.device == "gpu" else os.cpu_count() or 1
+        times = {name: scale * t
+                 for name, t in stepmodel.kernel_shares(stats, cores).items()}
     else:
         times = stepmodel.kernel_times(stats)
     return [(node, times[node.name]) for node in run["step"].nodes if node.name in times]
@@ -356,14 +368,22 @@ def kernel_table(rows: list[dict]) -> list[str]:
         return []
     return ["Kernels against the laws (one traced step; ms): measured kernels sum the "
             "kernel times the laws are fitted to (`--kernel_time`: shares, each moment of a "
-            "kernel's run over the kernels running then, add up to the busy time; wall "
-            "times count kernels that ran at once, on the inter-op threads or on other "
-            "devices, each whole, and kernels / step above 1 is that overlap); model: "
+            "kernel's run counted at most a core's worth while more kernels than cores "
+            "ran; wall times count kernels that ran at once each whole, and kernels / step "
+            "above 1 is that overlap); model: "
             "the laws, or a kernel's time alone where it was timed (`--timed_above`). "
             "Largest miss: the family whose summed kernels differ most from the model's, "
             "measured / model.", "",
             markdown_table(["config", "devices", "held out", "step ms", "kernels ms",
                             "model ms", "kernels / step", "largest miss"], table), ""]
+
+
+def _spread(values: list[float]) -> str:
+    if not values:
+        return "none measured"
+    quartiles = statistics.quantiles(values, n=4) if len(values) > 1 else values * 3
+    return (f"median {statistics.median(values):.2f}, quartiles {quartiles[0]:.2f} and "
+            f"{quartiles[2]:.2f}, most {max(values):.2f}")
 
 
 def _ms(seconds: float) -> str:
@@ -383,7 +403,10 @@ def render(stored: dict) -> str:
         timed = (f"Kernels the laws put at {graph['timed_above'] * 1e6:.0f} us or more "
                  f"({graph['timed_kernels']} kinds) take their time run alone "
                  "(`stepmodel.time_kernels`), on held-out configs too: measured, not "
-                 "fitted." if graph.get("timed_kernels") else "")
+                 "fitted; and the cores each keeps busy, from its time with "
+                 f"{cal['executor']['cores']} copies at once (`stepmodel.busy_cores`: "
+                 f"{_spread(graph.get('busy_cores', []))})."
+                 if graph.get("timed_kernels") else "")
         lines += [f"## The emitted graph's nodes on {where} (tofu_tf/runtime/stepmodel.py)",
                   "", timed, "",
                   f"Command: `{graph.get('command', '')}`. Error: predicted / measured - 1. "
@@ -402,8 +425,8 @@ def render(stored: dict) -> str:
         lines += [""] + kernel_table(graph["rows"])
         lines += ["", f"Executor: {ex['node_overhead'] * 1e6:.2f} us per node, "
                   f"{ex['edge_cost'] * 1e6:.2f} us per cross-device edge, "
-                  f"{ex['edge_latency'] * 1e6:.2f} us edge latency, {ex['cores']} cores, "
-                  f"kernels keep {ex.get('utilization', 1.0):.1f} of them busy. "
+                  f"{ex['edge_latency'] * 1e6:.2f} us edge latency, {ex['cores']} cores "
+                  f"and inter-op threads, {ex['step_overhead'] * 1e6:.0f} us per step. "
                   "Kernel laws per op type, and per family for rarer types (fixed us, ns per "
                   "KB, ns per MFLOP):", "",
                   markdown_table(["op type or family", "fixed us", "ns per KB",

@@ -3,6 +3,7 @@ held-out error as bench/simulate.py measured it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from pathlib import Path
@@ -24,26 +25,43 @@ def _node(name: str, device: int = 0, family: str = "elementwise", size: float =
     return Node(name, "Mul", device, family, size, 0.0)
 
 
-def test_the_path_bound_follows_the_longest_chain_and_edge_latency():
+def test_a_cross_device_edge_delays_its_consumer_and_costs_it_the_receive():
     """a -> b on device 0, a -> c -> d with c and d on device 1: the path a, c, d crosses
-    one edge. Each node: 1 us kernel + 0.5 us overhead."""
+    one edge. Each node: 1 us kernel + 0.5 us overhead; c also receives (2 us) after the
+    edge's 10 us latency. b runs while c waits: a 0-1.5, b 1.5-3, c 11.5-15, d 15-16.5."""
     nodes = (_node("a"), _node("b"), _node("c", 1), _node("d", 1))
     preds = ((), ((0, False),), ((0, True),), ((2, False),))
     step = StepGraph(nodes, preds, 2, 1)
     kernels = Kernels({"elementwise": (1e-6, 0.0, 0.0)})
-    executor = Executor(node_overhead=0.5e-6, edge_cost=2e-6, edge_latency=10e-6, cores=2)
+    executor = Executor(node_overhead=0.5e-6, edge_cost=2e-6, edge_latency=10e-6, cores=2,
+                        step_overhead=3e-6)
     got = predict(step, kernels, executor)
+    assert got.seconds == pytest.approx(16.5e-6 + 3e-6)
     assert got.path_bound == pytest.approx(3 * 1.5e-6 + 10e-6)
     assert got.work_bound == pytest.approx((4 * 1.5e-6 + 2e-6) / 2)
-    assert got.seconds == max(got.path_bound, got.work_bound)
 
 
-def test_throughput_parts_add_up_and_fixed_parts_share_the_cores():
-    nodes = tuple(_node(f"n{i}", i % 2, size=1000.0) for i in range(4))
-    step = StepGraph(nodes, ((),) * 4, 2, 0)
-    kernels = Kernels({"elementwise": (2e-6, 1e-9, 0.0)})
-    got = predict(step, kernels, Executor(0.0, 0.0, 0.0, cores=2, utilization=1.5))
-    assert got.work_bound == pytest.approx((1.5 * 4 * 1e-6 + 4 * 2e-6) / 2)
+@pytest.mark.parametrize("busy, count, expected_us", [
+    (1.0, 2, 10.0),      # one core each: both at once
+    (2.0, 2, 20.0),      # each keeps both cores busy: no faster than one after the other
+    (1.5, 2, 15.0),      # 3 cores asked of 2: each at 2/3 speed
+    (1.0, 3, 20.0),      # two inter-op threads: the third waits for one
+    (2.0, 1, 10.0),      # alone it has the cores it asks for
+])
+def test_kernels_running_at_once_share_the_cores(busy, count, expected_us):
+    nodes = tuple(Node(f"n{i}", "MatMul", i % 2, "matmul", 0.0, 0.0, key="k")
+                  for i in range(count))
+    step = StepGraph(nodes, ((),) * count, 2, 0)
+    kernels = Kernels({}, timed={"k": 10e-6}, cores={"k": busy})
+    got = predict(step, kernels, Executor(0.0, 0.0, 0.0, cores=2))
+    assert got.seconds == pytest.approx(expected_us * 1e-6)
+    assert got.work_bound == pytest.approx(count * busy * 10e-6 / 2)
+
+
+def test_busy_cores_from_copies_run_at_once():
+    alone = {"a": 10e-6, "b": 10e-6, "c": 10e-6, "d": 0.0}
+    together = {"a": 10e-6, "b": 15e-6, "c": 40e-6, "d": 1e-6}
+    assert stepmodel.busy_cores(alone, together, 2) == {"a": 1.0, "b": 1.5, "c": 2.0}
 
 
 def test_fit_kernels_recovers_a_family_law():
@@ -87,6 +105,11 @@ def test_kernel_shares_split_overlapping_kernels_and_keep_lone_ones():
     assert sum(shares.values()) == pytest.approx(16e-6)          # busy 0-14 and 16-18
     assert sum(stepmodel.kernel_times(stats).values()) == pytest.approx(24e-6)
     assert stepmodel.traced_seconds(stats) == pytest.approx(18e-6)
+    # two cores: a kernel keeps its wall time while at most two run, 2/3 of it with three
+    two = stepmodel.kernel_shares(stats, cores=2)
+    assert two["a"] == pytest.approx((4 + 2 + 2 * 2 / 3 + 2 + 2) * 1e-6)
+    assert two["b"] == pytest.approx((2 + 2 * 2 / 3) * 1e-6)
+    assert two["c"] == pytest.approx((2 * 2 / 3 + 2 + 4) * 1e-6)
 
 
 def _transposed_products():
@@ -116,6 +139,8 @@ def test_kernel_keys_tell_shapes_and_attributes_apart_not_devices():
     unchanged = graph_def.SerializeToString()
     graph = stepmodel.step_graph(graph_def)
     assert graph_def.SerializeToString() == unchanged     # TF's flop count reads attributes
+    # in the GraphDef's order (TensorFlow lists producers first): the order nodes are run
+    assert [n.name for n in graph.nodes] == [n.name for n in graph_def.node]
     key = {node.name: node.key for node in graph.nodes}
     nodes = {node.name: node for node in graph.nodes}
     assert (nodes["plain"].flops, nodes["plain"].bytes) == \
@@ -131,6 +156,8 @@ def test_time_kernels_times_each_key_once_and_skips_variables_and_feeds():
     nodes = {node.name: node for node in graph.nodes}
     assert set(timed) == {n.key for n in graph.nodes
                           if n.op_type in ("MatMul", "Transpose", "BatchMatMulV2", "Reshape")}
+    assert set(stepmodel.time_kernels(graph_def, graph.nodes, repeats=3, copies=2)) == \
+        set(timed)
     assert timed[nodes["plain"].key] > 0
     kernels = Kernels({"matmul": (1.0, 0.0, 0.0)}, timed)
     assert kernels.split(nodes["plain_too"]) == (0.0, timed[nodes["plain"].key])
@@ -153,11 +180,12 @@ def test_step_graph_sees_every_node_and_the_cross_device_edges():
 
 
 def test_held_out_error_on_the_tiny_models():
-    """The stored calibration predicts the stored measurements of the held-out tiny
-    configs within a median 25% from the graphs the emitter writes today (a coarse guard:
-    an emitter or model change that moves the predictions fails it until
-    bench/simulate.py is rerun; the benchmark holds the real figure)."""
-    stored = json.loads(RESULTS.read_text())["graph"]
+    """The stored calibration (laws, kernels timed alone, executor) predicts the stored
+    measurements of the held-out tiny configs within a median 25% from the graphs the
+    emitter writes today (a coarse guard: an emitter or model change that moves the
+    predictions fails it until bench/simulate.py is rerun; the benchmark holds the real
+    figure)."""
+    stored = json.loads(RESULTS.read_text())["graph_timed"]
     calibration = Calibration.from_json(stored["calibration"])
     errors = []
     for row in stored["rows"]:
@@ -176,3 +204,31 @@ def test_held_out_error_on_the_tiny_models():
         errors.append(abs(seconds / row["measured"] - 1))
     assert len(errors) >= 4
     assert statistics.median(errors) <= 0.25, errors
+
+
+def _random_step(rng, size: int, devices: int) -> StepGraph:
+    nodes = tuple(Node(f"n{i}", "Mul", int(rng.integers(devices)), "elementwise",
+                       float(rng.integers(1, 10 ** 5)), 0.0) for i in range(size))
+    preds = tuple(tuple((int(p), nodes[int(p)].device != nodes[i].device)
+                        for p in set(rng.integers(0, i, size=min(i, 2)).tolist()))
+                  for i in range(size))
+    edges = sum(crosses for mine in preds for _, crosses in mine)
+    return StepGraph(nodes, preds, devices, edges)
+
+
+def test_fit_executor_recovers_the_constants_steps_were_made_with():
+    """Steps timed by a known executor (constants on the fit's grid): the fitted one
+    predicts them within 1%, and a different executor would not."""
+    rng = np.random.default_rng(1)
+    steps = [_random_step(rng, int(rng.integers(20, 200)), d)
+             for d in (1, 2, 4, 8) for _ in range(3)]
+    kernels = Kernels({"elementwise": (0.5e-6, 1e-10, 0.0)})
+    truth = Executor(node_overhead=10 ** -5.5, edge_cost=1e-5, edge_latency=10 ** -4.5,
+                     cores=2, step_overhead=50e-6)
+    measured = [predict(step, kernels, truth).seconds for step in steps]
+    fitted = stepmodel.fit_executor(list(zip(steps, measured)), kernels, cores=2)
+    for step, seconds in zip(steps, measured):
+        assert predict(step, kernels, fitted).seconds == pytest.approx(seconds, rel=0.01)
+    other = dataclasses.replace(truth, edge_latency=1e-6)
+    assert any(predict(step, kernels, other).seconds != pytest.approx(seconds, rel=0.01)
+               for step, seconds in zip(steps, measured))

@@ -12,32 +12,27 @@ emitter wrote (or the unpartitioned graph, N = 1):
   measured kernel times (`fit_kernels`), so each type's throughput and fixed cost come
   from this machine, not from a peak figure.
 - the executor: `node_overhead` per node (scheduling, allocation), and per cross-device
-  edge `edge_cost` of CPU (TensorFlow's Send and Recv, the rendezvous) and `edge_latency`
-  of waiting before the consumer may start; per step `step_overhead` (the session's
-  dispatch, feeds and fetches).
-- sharing: a kernel's throughput part (bytes and flops) runs on TensorFlow's intra-op
-  threads and keeps `utilization` of the C cores busy on average (fitted): when devices
-  run kernels at once, the cores are the limit. The laws are fitted to each kernel's
-  share of the step (`kernel_shares`: each moment of its run over the kernels running
-  then), not to its wall time: kernels that run at once slow each other, and their wall
-  times add up to up to 2.5x the step (bench/results/simulate.md). A kernel timed alone
-  (`time_kernels`, per `kernel_key`) takes that time instead of its law. The fixed parts
-  and the executor's run one per inter-op thread: C of them at once. Hence the work
-  bound
-      W = (utilization x sum(throughput parts) + sum(fixed parts) + nodes x node_overhead
-           + edges x edge_cost) / C,
-  and the path bound P, the longest chain of nodes (data and control edges, each device's
-  sequential chain included) with each cross-device edge adding `edge_latency`. The model
-  predicts max(W, P) + step_overhead.
+  edge `edge_cost` of CPU (the rendezvous: its consumer's device receives it once) and
+  `edge_latency` of waiting before the consumer may start; per step `step_overhead` (the
+  session's dispatch, feeds and fetches).
+- the schedule (`schedule`): TensorFlow's executor runs every device's nodes on one pool of
+  inter-op threads, as many as cores, each taking the first ready node in the GraphDef's
+  order (the emitter's); a kernel timed alone (`time_kernels`, per `kernel_key`) takes
+  that time instead of its law, and keeps `busy_cores` cores busy (measured: its time
+  with one copy per core at once over its time alone; Eigen's kernels run on the intra-op
+  threads). While the running kernels ask for more cores than there are, each runs
+  slower in proportion: the 8 logical devices contend for the host's cores there.
 
-The kernel laws are fitted on the kernel shares of traced steps (unpartitioned and
-partitioned), then the executor's constants on whole-step wall times (`fit_executor`);
-calibration and evaluation take different configs (bench/simulate.py). What the model
-misses, measured there: a kernel's time is not a function of its bytes and flops alone.
-TensorFlow's own CPU kernels reach 59 GFLOP/s on an LSTM's 1.07 GFLOP MatMul (64 rows)
-and 234 GFLOP/s on a Transformer's of the same flops (2048 rows); a convolution's input
-gradient 1.2 to 48 GFLOP/s at one flop count (slowest with a 3x3x1024x1024 filter on a
-2x2 map); so laws fitted on some shapes miss others.
+The laws are fitted on traced steps (unpartitioned and partitioned), each kernel's sample
+its share of the step (`kernel_shares`: each moment of its run, at most one core's worth
+while more kernels than cores ran), then the executor's constants on whole-step wall times
+(`fit_executor`); calibration and evaluation take different configs (bench/simulate.py).
+What the laws miss, measured there: a kernel's time is not a function of its bytes and
+flops alone. TensorFlow's own CPU kernels reach 59 GFLOP/s on an LSTM's 1.07 GFLOP MatMul
+(64 rows) and 234 GFLOP/s on a Transformer's of the same flops (2048 rows); a
+convolution's input gradient 1.2 to 48 GFLOP/s at one flop count (slowest with a
+3x3x1024x1024 filter on a 2x2 map); so laws fitted on some shapes miss others, and
+kernels are timed alone where they can be.
 """
 
 from __future__ import annotations
@@ -45,7 +40,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
-import itertools
+import heapq
 import timeit
 from collections import defaultdict
 from dataclasses import dataclass
@@ -98,12 +93,21 @@ class Node:
 
 @dataclass(frozen=True)
 class StepGraph:
-    """What the model needs of a GraphDef: its nodes in topological order and, per node,
-    its predecessors (data and control inputs) with whether each edge crosses devices."""
+    """What the model needs of a GraphDef: its nodes in topological order (the order the
+    GraphDef lists them, where that is one) and, per node, its predecessors (data and
+    control inputs) with whether each edge crosses devices."""
     nodes: tuple[Node, ...]
     preds: tuple[tuple[tuple[int, bool], ...], ...]  # per node: (predecessor, crosses)
     devices: int
     edges: int                   # cross-device data edges: one per (tensor, device)
+    # Per node: the cross-device edges it is the first reader of on its device (its
+    # device receives them for it); empty: each crossing predecessor counts.
+    receives: tuple[int, ...] = ()
+
+    def received(self, i: int) -> int:
+        if self.receives:
+            return self.receives[i]
+        return sum(1 for _, crosses in self.preds[i] if crosses)
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,12 @@ class Kernels:
     # Kernel key -> seconds of that kernel run alone (`time_kernels`); it replaces the law
     # (all of it throughput: the kernel had the cores to itself).
     timed: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    # Kernel key -> the cores that kernel keeps busy run alone (`busy_cores`: from its
+    # time with as many copies at once as there are cores); 1 where not measured.
+    cores: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+    def busy(self, node: Node) -> float:
+        return self.cores.get(node.key, 1.0)
 
     def split(self, node: Node) -> tuple[float, float]:
         """(fixed part, throughput part) of the node's kernel seconds."""
@@ -132,8 +142,7 @@ class Executor:
     node_overhead: float = 1e-6      # seconds per node
     edge_cost: float = 5e-6          # CPU seconds per cross-device edge
     edge_latency: float = 10e-6      # seconds a cross-device edge delays its consumer
-    cores: int = 2
-    utilization: float = 1.0         # cores a kernel's throughput part keeps busy
+    cores: int = 2                   # and as many inter-op threads (TensorFlow's default)
     step_overhead: float = 0.0       # seconds per step: the session's dispatch, feeds, fetches
 
 
@@ -145,18 +154,82 @@ class Prediction:
 
 
 def predict(step: StepGraph, kernels: Kernels, executor: Executor) -> Prediction:
-    parts = [kernels.split(node) for node in step.nodes]
-    path = path_bound(step, [f + t for f, t in parts], executor)
-    work = work_bound(step, parts, executor)
-    return Prediction(max(work, path) + executor.step_overhead, work, path)
+    seconds = [kernels.seconds(node) for node in step.nodes]
+    busy = [kernels.busy(node) for node in step.nodes]
+    return Prediction(schedule(step, seconds, busy, executor) + executor.step_overhead,
+                      work_bound(step, seconds, busy, executor),
+                      path_bound(step, seconds, executor))
 
 
-def work_bound(step: StepGraph, parts: Sequence[tuple[float, float]],
+def schedule(step: StepGraph, kernel: Sequence[float], busy: Sequence[float],
+             executor: Executor) -> float:
+    """Seconds until the last node of `step` finishes, run as TensorFlow's executor runs
+    it on `executor.cores` cores: as many inter-op threads, each taking the first ready
+    node in the graph's order (every device's nodes share them); a node first spends the
+    executor's overhead and its receives' cost (one core), then its kernel (`kernel`
+    seconds run alone, keeping `busy` cores busy). While the running nodes ask for more
+    cores than there are, each runs slower in proportion. A cross-device edge's consumer
+    is ready `edge_latency` after its producer finished."""
+    cores = executor.cores
+    overhead = [executor.node_overhead + executor.edge_cost * step.received(i)
+                for i in range(len(step.nodes))]
+    users: list[list[tuple[int, bool]]] = [[] for _ in step.nodes]
+    waiting = [len(preds) for preds in step.preds]
+    for i, preds in enumerate(step.preds):
+        for p, crosses in preds:
+            users[p].append((i, crosses))
+    ready = [i for i, w in enumerate(waiting) if w == 0]
+    heapq.heapify(ready)
+    later: list[tuple[float, int]] = []      # (ready time, node): waiting on a latency
+    ready_at = [0.0] * len(step.nodes)
+    running: list[list] = []                 # [node, overhead left, kernel left]
+    now, left = 0.0, len(step.nodes)
+    while left:
+        while later and later[0][0] <= now:
+            heapq.heappush(ready, heapq.heappop(later)[1])
+        while ready and len(running) < cores:
+            i = heapq.heappop(ready)
+            running.append([i, overhead[i], kernel[i]])
+        if not running:
+            now = later[0][0]
+            continue
+        demand = sum(1.0 if job[1] > 0 else busy[job[0]] for job in running)
+        rate = min(1.0, cores / demand)
+        step_seconds = min(job[1] if job[1] > 0 else job[2] for job in running) / rate
+        if later:
+            step_seconds = min(step_seconds, later[0][0] - now)
+        now += step_seconds
+        progress = step_seconds * rate
+        still = []
+        for job in running:
+            if job[1] > 0:
+                job[1] = job[1] - progress if job[1] - progress > 1e-15 else 0.0
+                still.append(job)
+            elif job[2] - progress > 1e-15:
+                job[2] -= progress
+                still.append(job)
+            else:
+                left -= 1
+                for user, crosses in users[job[0]]:
+                    at = now + executor.edge_latency if crosses else now
+                    if at > ready_at[user]:
+                        ready_at[user] = at
+                    waiting[user] -= 1
+                    if not waiting[user]:
+                        if ready_at[user] > now:
+                            heapq.heappush(later, (ready_at[user], user))
+                        else:
+                            heapq.heappush(ready, user)
+        running = still
+    return now
+
+
+def work_bound(step: StepGraph, kernel: Sequence[float], busy: Sequence[float],
                executor: Executor) -> float:
-    fixed = sum(f for f, _ in parts)
-    throughput = sum(t for _, t in parts)
-    return (executor.utilization * throughput + fixed + len(step.nodes) * executor.node_overhead
-            + step.edges * executor.edge_cost) / executor.cores
+    """The cores' busy time over their number: no schedule finishes sooner."""
+    return (sum(k * b for k, b in zip(kernel, busy)) + len(step.nodes) * executor.node_overhead
+            + sum(step.received(i) for i in range(len(step.nodes))) * executor.edge_cost
+            ) / executor.cores
 
 
 def path_bound(step: StepGraph, kernel: Sequence[float], executor: Executor) -> float:
@@ -188,7 +261,7 @@ def step_graph(graph_def, fetches: Sequence[str] = ()) -> StepGraph:
     order = _topological(graph_def, {f.split(":")[0] for f in fetches})
     devices = {name: i for i, name in enumerate(sorted({by_name[n].device for n in order}))}
     index = {name: i for i, name in enumerate(order)}
-    nodes, preds, edges = [], [], set()
+    nodes, preds, edges, receives = [], [], set(), []
     for name in order:
         node_def = by_name[name]
         op = graph.get_operation_by_name(name)
@@ -201,15 +274,18 @@ def step_graph(graph_def, fetches: Sequence[str] = ()) -> StepGraph:
         nodes.append(Node(name, node_def.op, devices[node_def.device],
                           family(node_def.op), float(size), float(flops),
                           kernel_key(op, by_name)))
-        mine = []
+        mine, first = [], 0
         for text in node_def.input:
             source = text.lstrip("^").split(":")[0]
             crosses = by_name[source].device != node_def.device
             mine.append((index[source], crosses))
-            if crosses and not text.startswith("^"):
+            if crosses and not text.startswith("^") and \
+                    (text, node_def.device) not in edges:
                 edges.add((text, node_def.device))
+                first += 1
         preds.append(tuple(mine))
-    return StepGraph(tuple(nodes), tuple(preds), len(devices), len(edges))
+        receives.append(first)
+    return StepGraph(tuple(nodes), tuple(preds), len(devices), len(edges), tuple(receives))
 
 
 def kernel_key(op, by_name) -> str:
@@ -231,12 +307,14 @@ def kernel_key(op, by_name) -> str:
     return f"{node_def.op}:{digest}"
 
 
-def time_kernels(graph_def, nodes: Sequence[Node], repeats: int = 5) -> dict[str, float]:
+def time_kernels(graph_def, nodes: Sequence[Node], repeats: int = 5,
+                 copies: int = 1) -> dict[str, float]:
     """Kernel key -> median seconds of one node of that key run alone: the op on one CPU
     device, its inputs constants (random floats, zeros elsewhere, the graph's own small
     constants), no constant folding, less the median of an empty step. Ops without inputs
     (sources, fed placeholders) and ops that read or write variables (resource or
-    reference inputs) are not timed."""
+    reference inputs) are not timed. `copies`: that many copies of the node on the same
+    inputs run at once (the step's time: `busy_cores`)."""
     import tensorflow as tf
     from tensorflow.core.protobuf import config_pb2
 
@@ -272,11 +350,14 @@ def time_kernels(graph_def, nodes: Sequence[Node], repeats: int = 5) -> dict[str
                 inputs.append(tf.constant(value, dtype=dtype, name=f"input{i}"))
             tf.raw_ops.NoOp(name="empty")
         definition = alone.as_graph_def()
-        kernel = definition.node.add()
-        kernel.CopyFrom(by_name[op.name])
-        kernel.name, kernel.device = "kernel", ""
-        del kernel.input[:]
-        kernel.input.extend(t.op.name for t in inputs)
+        group = definition.node.add(name="kernel", op="NoOp")
+        for copy_index in range(copies):
+            kernel = definition.node.add()
+            kernel.CopyFrom(by_name[op.name])
+            kernel.name, kernel.device = f"kernel{copy_index}", ""
+            del kernel.input[:]
+            kernel.input.extend(t.op.name for t in inputs)
+            group.input.append(f"^{kernel.name}")
         timed = tf.Graph()
         with timed.as_default():
             tf.graph_util.import_graph_def(definition, name="")
@@ -288,16 +369,30 @@ def time_kernels(graph_def, nodes: Sequence[Node], repeats: int = 5) -> dict[str
     return out
 
 
+def busy_cores(alone: Mapping[str, float], together: Mapping[str, float],
+               cores: int) -> dict[str, float]:
+    """Kernel key -> the cores a kernel keeps busy run alone, from its seconds alone and
+    with `cores` copies at once (`time_kernels(copies=cores)`): copies that each keep b
+    cores busy ask for cores x b, so they take b x their time alone (1 <= b <= cores)."""
+    return {key: float(np.clip(together[key] / alone[key], 1.0, cores))
+            for key in alone.keys() & together.keys() if alone[key] > 0}
+
+
 def _median_runs(graph, config, repeats: int) -> tuple[float, float]:
-    """Median seconds of running `graph`'s op "empty", then its op "kernel"."""
+    """Median seconds of running `graph`'s op "empty", then its op "kernel" (each of the
+    `repeats` measurements runs it often enough to take about 2 ms: a kernel of a few
+    microseconds is not lost in the timer's and the session's noise)."""
     import tensorflow as tf
-    seconds = []
     with tf.compat.v1.Session(graph=graph, config=config) as session:
-        for target in ("empty", "kernel"):
-            run = session.make_callable(graph.get_operation_by_name(target))
+        runs = [session.make_callable(graph.get_operation_by_name(target))
+                for target in ("empty", "kernel")]
+        for run in runs:
             run()
-            seconds.append(float(np.median(timeit.repeat(run, repeat=repeats, number=1))))
-    return seconds[0], seconds[1]
+        number = max(1, min(1000, int(2e-3 / min(timeit.repeat(runs[1], repeat=3,
+                                                                number=1)))))
+        empty, kernel = (float(np.median(timeit.repeat(run, repeat=repeats, number=number)))
+                         / number for run in runs)
+    return empty, kernel
 
 
 def _bytes(tensor) -> int:
@@ -308,7 +403,8 @@ def _bytes(tensor) -> int:
 
 
 def _topological(graph_def, wanted: set[str]) -> list[str]:
-    """Names of the nodes `wanted` need (all without any), producers first."""
+    """Names of the nodes `wanted` need (all without any), producers first, otherwise in
+    the GraphDef's order."""
     by_name = {node.name: node for node in graph_def.node}
     keep = set(by_name) if not wanted else set()
     stack = list(wanted)
@@ -323,16 +419,17 @@ def _topological(graph_def, wanted: set[str]) -> list[str]:
         for text in by_name[name].input:
             indegree[name] += 1
             users[text.lstrip("^").split(":")[0]].append(name)
-    ready = [node.name for node in graph_def.node if node.name in keep and
-             indegree[node.name] == 0]
+    position = {node.name: i for i, node in enumerate(graph_def.node)}
+    ready = [position[name] for name in keep if indegree[name] == 0]
+    heapq.heapify(ready)
     order = []
     while ready:
-        name = ready.pop()
+        name = graph_def.node[heapq.heappop(ready)].name
         order.append(name)
         for user in users[name]:
             indegree[user] -= 1
             if indegree[user] == 0:
-                ready.append(user)
+                heapq.heappush(ready, position[user])
     return order
 
 
@@ -355,12 +452,14 @@ def kernel_times(step_stats) -> dict[str, float]:
     return dict(out)
 
 
-def kernel_shares(step_stats) -> dict[str, float]:
+def kernel_shares(step_stats, cores: int = 1) -> dict[str, float]:
     """Node name -> its kernel's share of a traced step's time: each moment of its run
-    over the number of kernels running then (every device's kernels share the host's
-    cores and its intra-op threads). A kernel that ran alone keeps its wall time; the
-    shares of kernels that ran at once add up to the time they kept the cores busy, where
-    their wall times (`kernel_times`) add up to a multiple of it."""
+    times `cores` over the number of kernels running then, at most 1 (every device's
+    kernels share the host's cores): what it would have taken with a core of its own, as
+    `schedule` runs kernels (a kernel that ran with fewer others than cores keeps its wall
+    time). With `cores` 1 the shares of kernels that ran at once add up to the time they
+    kept the host busy, where their wall times (`kernel_times`) add up to a multiple of
+    it."""
     names, events = [], []
     for name, start, end in _kernel_spans(step_stats):
         if end > start:                                   # else: no time to share
@@ -372,7 +471,7 @@ def kernel_shares(step_stats) -> dict[str, float]:
     last = 0
     for moment, kind, index in events:
         if running and moment > last:
-            share = (moment - last) * 1e-6 / len(running)
+            share = (moment - last) * 1e-6 * min(1.0, cores / len(running))
             for other in running:
                 shares[other] += share
         last = moment
@@ -428,36 +527,40 @@ def _law(rows, with_fixed: bool = True) -> tuple[float, ...]:
 
 
 def fit_executor(steps: Sequence[tuple[StepGraph, float]], kernels: Kernels, cores: int,
-                 grid: int = 13) -> Executor:
+                 grid: int = 13, passes: int = 3) -> Executor:
     """The executor's constants minimising the mean of log(1 + |relative error|) over
     `steps` ((graph, measured seconds); every step counts, a large miss less than in
-    proportion): per node, per edge and edge latency on a log grid from 0.1 to 100 us,
-    utilization from 0.5 to 2 x `cores` in tenths, the step's overhead from 0 to 300 us."""
+    proportion): per node, per edge and edge latency on a log grid from 0.1 to 100 us, one
+    at a time with the others held (up to `passes` rounds, until none moves; each try
+    schedules every step), and for each the step's overhead from 0 to 300 us."""
     values = [float(v) for v in np.logspace(-7, -4, grid)]
-    utilizations = [float(u) for u in np.arange(0.5, 2 * cores + 0.05, 0.1)]
-    step_overheads = [float(v) for v in np.arange(0.0, 310e-6, 25e-6)]
-    parts = [[kernels.split(node) for node in step.nodes] for step, _ in steps]
-    sums = np.array([(sum(f for f, _ in p), sum(t for _, t in p), len(step.nodes), step.edges)
-                     for (step, _), p in zip(steps, parts)])
+    per_step = np.arange(0.0, 310e-6, 25e-6)
     measured = np.array([m for _, m in steps])
-    kernel = [[f + t for f, t in p] for p in parts]
-    best, best_error = None, np.inf
-    for overhead in values:
-        for latency in values:
-            paths = np.array([path_bound(step, k, Executor(overhead, 0.0, latency, cores))
-                              for (step, _), k in zip(steps, kernel)])
-            for cost, utilization in itertools.product(values, utilizations):
-                work = (utilization * sums[:, 1] + sums[:, 0] + sums[:, 2] * overhead
-                        + sums[:, 3] * cost) / cores
-                base = np.maximum(work, paths)
-                for step_overhead in step_overheads:
-                    errors = np.abs((base + step_overhead) / measured - 1)
-                    error = float(np.mean(np.log1p(errors)))
-                    if error < best_error:
-                        best = Executor(overhead, cost, latency, cores, utilization,
-                                        step_overhead)
-                        best_error = error
-    return best
+    work = [([kernels.seconds(n) for n in step.nodes], [kernels.busy(n) for n in step.nodes])
+            for step, _ in steps]
+    tried: dict[tuple[float, float, float], tuple[float, float]] = {}
+
+    def error(point: tuple[float, float, float]) -> tuple[float, float]:
+        """(error, step overhead) at (node overhead, edge cost, edge latency)."""
+        if point not in tried:
+            executor = Executor(*point, cores)
+            base = np.array([schedule(step, k, b, executor)
+                             for (step, _), (k, b) in zip(steps, work)])
+            errors = np.log1p(np.abs((base[None, :] + per_step[:, None]) / measured[None, :]
+                                     - 1)).mean(axis=1)
+            best = int(np.argmin(errors))
+            tried[point] = float(errors[best]), float(per_step[best])
+        return tried[point]
+
+    point = (1e-6, 5.62e-6, 10e-6)
+    point = tuple(min(values, key=lambda v: abs(np.log(v / p))) for p in point)
+    for _ in range(passes):
+        before = point
+        for axis in range(3):
+            point = min((point[:axis] + (v,) + point[axis + 1:] for v in values), key=error)
+        if point == before:
+            break
+    return Executor(*point, cores, *error(point)[1:])
 
 
 @dataclass
@@ -468,11 +571,14 @@ class Calibration:
 
     def to_json(self) -> dict:
         return {"kernels": {k: list(v) for k, v in self.kernels.coefficients.items()},
+                "timed": dict(sorted(self.kernels.timed.items())),
+                "busy_cores": dict(sorted(self.kernels.cores.items())),
                 "executor": dataclasses.asdict(self.executor)}
 
     @staticmethod
     def from_json(data: dict) -> "Calibration":
-        return Calibration(Kernels({k: tuple(v) for k, v in data["kernels"].items()}),
+        return Calibration(Kernels({k: tuple(v) for k, v in data["kernels"].items()},
+                                   data.get("timed", {}), data.get("busy_cores", {})),
                            Executor(**data["executor"]))
 
 
