@@ -311,9 +311,10 @@ def kernels_alone(runs: list[dict], kernels, cores: int,
                  and kernels.seconds(n) >= FLAGS.timed_above]
         if nodes:
             graph_def = graph_pb2.GraphDef.FromString(r["graph_def"])
-            alone.update(stepmodel.time_kernels(graph_def, nodes))
+            alone.update(stepmodel.time_kernels(graph_def, nodes, repeats=9))
             if cores > 1:
-                together.update(stepmodel.time_kernels(graph_def, nodes, copies=cores))
+                together.update(stepmodel.time_kernels(graph_def, nodes, repeats=9,
+                                                       copies=cores))
     if path is not None:
         path.write_bytes(pickle.dumps((alone, together)))
     return alone, together

@@ -311,7 +311,8 @@ def time_kernels(graph_def, nodes: Sequence[Node], repeats: int = 5,
                  copies: int = 1) -> dict[str, float]:
     """Kernel key -> median seconds of one node of that key run alone: the op on one CPU
     device, its inputs constants (random floats, zeros elsewhere, the graph's own small
-    constants), no constant folding, less the median of an empty step. Ops without inputs
+    constants), no constant folding, less the median of the step that runs only the
+    constants. Ops without inputs
     (sources, fed placeholders) and ops that read or write variables (resource or
     reference inputs) are not timed. `copies`: that many copies of the node on the same
     inputs run at once (the step's time: `busy_cores`)."""
@@ -335,28 +336,31 @@ def time_kernels(graph_def, nodes: Sequence[Node], repeats: int = 5,
                 any(t.dtype in (tf.resource, tf.variant) or t.dtype._is_ref_dtype  # noqa: SLF001
                or not t.shape.is_fully_defined() for t in op.inputs):
             continue
+        values = []
+        for tensor in op.inputs:
+            producer = by_name.get(tensor.op.name)
+            shape, dtype = tensor.shape.as_list(), tensor.dtype
+            if producer is not None and producer.op == "Const":
+                value = tf.make_ndarray(producer.attr["value"].tensor)
+            elif dtype.is_floating:
+                value = rng.standard_normal(shape).astype(dtype.as_numpy_dtype)
+            else:
+                value = np.zeros(shape, dtype.as_numpy_dtype)
+            values.append((value, dtype))
         alone = tf.Graph()
-        with alone.as_default():
-            inputs = []
-            for i, tensor in enumerate(op.inputs):
-                producer = by_name.get(tensor.op.name)
-                shape, dtype = tensor.shape.as_list(), tensor.dtype
-                if producer is not None and producer.op == "Const":
-                    value = tf.make_ndarray(producer.attr["value"].tensor)
-                elif dtype.is_floating:
-                    value = rng.standard_normal(shape).astype(dtype.as_numpy_dtype)
-                else:
-                    value = np.zeros(shape, dtype.as_numpy_dtype)
-                inputs.append(tf.constant(value, dtype=dtype, name=f"input{i}"))
-            tf.raw_ops.NoOp(name="empty")
+        with alone.as_default():         # each copy its own inputs, as kernels of a step
+            inputs = [[tf.constant(value, dtype=dtype, name=f"input{c}_{i}")
+                       for i, (value, dtype) in enumerate(values)] for c in range(copies)]
+            with tf.control_dependencies([t.op for mine in inputs for t in mine]):
+                tf.raw_ops.NoOp(name="empty")     # the same step less the kernels
         definition = alone.as_graph_def()
         group = definition.node.add(name="kernel", op="NoOp")
-        for copy_index in range(copies):
+        for copy_index, mine in enumerate(inputs):
             kernel = definition.node.add()
             kernel.CopyFrom(by_name[op.name])
             kernel.name, kernel.device = f"kernel{copy_index}", ""
             del kernel.input[:]
-            kernel.input.extend(t.op.name for t in inputs)
+            kernel.input.extend(t.op.name for t in mine)
             group.input.append(f"^{kernel.name}")
         timed = tf.Graph()
         with timed.as_default():
