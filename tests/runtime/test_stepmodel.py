@@ -160,7 +160,7 @@ def test_time_kernels_times_each_key_once_and_skips_variables_and_feeds():
         set(timed)
     assert timed[nodes["plain"].key] > 0
     kernels = Kernels({"matmul": (1.0, 0.0, 0.0)}, timed)
-    assert kernels.split(nodes["plain_too"]) == (0.0, timed[nodes["plain"].key])
+    assert kernels.seconds(nodes["plain_too"]) == timed[nodes["plain"].key]
     assert kernels.seconds(nodes["read"]) == 0.0          # no law for "source", not timed
 
 

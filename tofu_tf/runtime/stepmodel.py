@@ -115,8 +115,7 @@ class Kernels:
     """Per op type, and per family for the other types of a family: (fixed seconds,
     seconds per byte, seconds per flop)."""
     coefficients: Mapping[str, tuple[float, float, float]]
-    # Kernel key -> seconds of that kernel run alone (`time_kernels`); it replaces the law
-    # (all of it throughput: the kernel had the cores to itself).
+    # Kernel key -> seconds of that kernel run alone (`time_kernels`); it replaces the law.
     timed: Mapping[str, float] = dataclasses.field(default_factory=dict)
     # Kernel key -> the cores that kernel keeps busy run alone (`busy_cores`: from its
     # time with as many copies at once as there are cores); 1 where not measured.
@@ -125,16 +124,13 @@ class Kernels:
     def busy(self, node: Node) -> float:
         return self.cores.get(node.key, 1.0)
 
-    def split(self, node: Node) -> tuple[float, float]:
-        """(fixed part, throughput part) of the node's kernel seconds."""
+    def seconds(self, node: Node) -> float:
+        """The node's kernel seconds run alone: timed, or its law."""
         if node.key in self.timed:
-            return 0.0, self.timed[node.key]
+            return self.timed[node.key]
         law = self.coefficients.get(node.op_type) or self.coefficients.get(node.family)
         fixed, per_byte, per_flop = law or (0.0, 0.0, 0.0)
-        return fixed, per_byte * node.bytes + per_flop * node.flops
-
-    def seconds(self, node: Node) -> float:
-        return sum(self.split(node))
+        return fixed + per_byte * node.bytes + per_flop * node.flops
 
 
 @dataclass(frozen=True)
@@ -556,8 +552,8 @@ def fit_executor(steps: Sequence[tuple[StepGraph, float]], kernels: Kernels, cor
             tried[point] = float(errors[best]), float(per_step[best])
         return tried[point]
 
-    point = (1e-6, 5.62e-6, 10e-6)
-    point = tuple(min(values, key=lambda v: abs(np.log(v / p))) for p in point)
+    # from the grid's points nearest 1 us per node, 5.6 us per receive, 10 us latency
+    point = tuple(min(values, key=lambda v: abs(np.log(v / p))) for p in (1e-6, 5.6e-6, 1e-5))
     for _ in range(passes):
         before = point
         for axis in range(3):
