@@ -394,7 +394,7 @@ def _ms(seconds: float) -> str:
 def render(stored: dict) -> str:
     lines = ["# Step-time simulators against measured steps", ""]
     for key, where in (("graph", "logical CPU devices"),
-                       ("graph_timed", "logical CPU devices, large kernels timed alone"),
+                       ("graph_timed", "logical CPU devices, kernels timed alone"),
                        ("graph_gpu", "one GPU")):
         graph = stored.get(key)
         if not graph:
@@ -420,7 +420,7 @@ def render(stored: dict) -> str:
                                    f"{r['error']:+.0%}", _ms(r["work_bound"]),
                                    _ms(r["path_bound"]), r["nodes"], r["edges"]]
                                   for r in graph["rows"]]), ""]
-        for name, e in graph["errors"].items():
+        for name, e in sorted(graph["errors"].items(), key=lambda kv: kv[0] != "held_out"):
             lines.append(f"- {name.replace('_', '-')} ({e['runs']} runs): median "
                          f"{e['median']:.0%}, worst {e['worst']:.0%}")
         lines += [""] + kernel_table(graph["rows"])
