@@ -266,7 +266,7 @@ def evaluate(runs: list[dict], timed: bool, cache: Path | None = None) -> dict:
     from tofu_tf.runtime import stepmodel
     fitting = [r for r in runs if r["config"] not in HELD_OUT]
     kernels = stepmodel.fit_kernels([s for r in fitting for s in r["samples"]])
-    cores = 1 if FLAGS.device == "gpu" else os.cpu_count() or 1   # one stream
+    cores = _cores()
     if timed:
         alone, together = kernels_alone(runs, kernels, cores, cache)
         kernels = replace(kernels, timed=alone,
@@ -320,6 +320,11 @@ def kernels_alone(runs: list[dict], kernels, cores: int,
     return alone, together
 
 
+def _cores() -> int:
+    """The cores kernels share: this CPU's, or a GPU's one stream."""
+    return 1 if FLAGS.device == "gpu" else os.cpu_count() or 1
+
+
 def kernel_samples(run: dict) -> list:
     """(node, seconds) of a run's traced kernels: each kernel's share of the step
     (`--kernel_time=share`), scaled by the untraced step's time over the traced one's
@@ -330,9 +335,8 @@ def kernel_samples(run: dict) -> list:
     stats = step_stats_pb2.StepStats.FromString(run["step_stats"])
     if FLAGS.kernel_time == "share":
         scale = min(1.0, run["measured"] / stepmodel.traced_seconds(stats))
-        cores = 1 if FLAGS.device == "gpu" else os.cpu_count() or 1
         times = {name: scale * t
-                 for name, t in stepmodel.kernel_shares(stats, cores).items()}
+                 for name, t in stepmodel.kernel_shares(stats, _cores()).items()}
     else:
         times = stepmodel.kernel_times(stats)
     return [(node, times[node.name]) for node in run["step"].nodes if node.name in times]

@@ -224,8 +224,7 @@ def work_bound(step: StepGraph, kernel: Sequence[float], busy: Sequence[float],
                executor: Executor) -> float:
     """The cores' busy time over their number: no schedule finishes sooner."""
     return (sum(k * b for k, b in zip(kernel, busy)) + len(step.nodes) * executor.node_overhead
-            + sum(step.received(i) for i in range(len(step.nodes))) * executor.edge_cost
-            ) / executor.cores
+            + step.edges * executor.edge_cost) / executor.cores
 
 
 def path_bound(step: StepGraph, kernel: Sequence[float], executor: Executor) -> float:
@@ -308,10 +307,9 @@ def time_kernels(graph_def, nodes: Sequence[Node], repeats: int = 5,
     """Kernel key -> median seconds of one node of that key run alone: the op on one CPU
     device, its inputs constants (random floats, zeros elsewhere, the graph's own small
     constants), no constant folding, less the median of the step that runs only the
-    constants. Ops without inputs
-    (sources, fed placeholders) and ops that read or write variables (resource or
-    reference inputs) are not timed. `copies`: that many copies of the node on the same
-    inputs run at once (the step's time: `busy_cores`)."""
+    constants. Ops without inputs (sources, fed placeholders) and ops that read or write
+    variables (resource or reference inputs) are not timed. `copies`: that many copies
+    of the node, each on its own inputs, run at once (the step's time: `busy_cores`)."""
     import tensorflow as tf
     from tensorflow.core.protobuf import config_pb2
 
