@@ -438,5 +438,8 @@ def level_models(graph: Graph, topology: Topology, entries: dict[str, OpEntry] |
         model = LevelModel.build(problem, coarse, work, latency * below)
         result = yield model
         if index + 1 < len(topology.levels):
-            problem = sub_problem(problem, result.states, result.choices,
+            # a G(d) view is whole in each group: the next level cuts all of it
+            states = {t: model.group_states(g)[result.assignment[g]]
+                      for g, members in enumerate(model.coarse.members) for t in members}
+            problem = sub_problem(problem, states, result.choices,
                                   topology.levels[index + 1].ways)

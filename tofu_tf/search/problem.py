@@ -623,7 +623,7 @@ def sub_problem(problem: Problem, states, choices, k: int, *, describe: bool = T
     tensors = {}
     for name, spec in problem.tensors.items():
         state = states.get(name)
-        if state is not None and state.kind == "split":
+        if state is not None and state.kind == "split" and not state.gathered:
             spec = TensorSpec(name, part0_shape(spec.shape, state, problem.k), spec.dtype)
         tensors[name] = spec
     cache = problem.cache
