@@ -14,8 +14,8 @@ Convert — a Partial output (ring collectives, k parts):
     stored Split(d): reduce-scatter, bytes = itemsize * (k - 1) * N
     stored R:        all-reduce,     bytes = itemsize * 2 * (k - 1) * N
 A view (problem.with_views: what the ops that share a tensor read it through) may also be
-G(d): stored as Split(d) and assembled whole on every part once, its conversion Split(d)'s
-plus sum_p (N - |H_p(Split(d))|) (a Partial one: the all-reduce), its fetches nothing.
+G(d): assembled whole on every part once, from what the parts produced (its conversion
+R's, a Partial one the all-reduce), its fetches nothing; stored as Split(d) (memory).
 With a topology level, time = bytes / (k * bandwidth) + latency per transfer: the k parts
 move their shares in parallel over their own links.
 

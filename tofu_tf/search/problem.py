@@ -338,19 +338,19 @@ class _Columns:
     """A tensor's `overlaps` columns in `Problem.states` order (D: replicated; a G(d)
     keeps dim d), and per state what `_finish` weighs it by."""
     cols: np.ndarray
-    replicated: np.ndarray            # 1 where the state is R, else 0
-    gathered: np.ndarray              # 1 where the state is G(d), else 0
+    assembled: np.ndarray             # the columns of what each part ends up holding:
+    #                                   D for R and G(d), else as cols
     whole: np.ndarray                 # 1 where every part holds all of it once read: R, G
     reduce_factors: np.ndarray        # a Partial output's reduction, per stored state
 
     @staticmethod
     def of(problem: Problem, tensor: str, rank: int) -> "_Columns":
         states = problem.states(tensor)
-        cols = [rank if s.kind == "replicated" else s.dim for s in states]
-        replicated = np.array([1 if c == rank else 0 for c in cols], dtype=np.int64)
-        gathered = np.array([1 if s.gathered else 0 for s in states], dtype=np.int64)
-        whole = replicated + gathered
-        return _Columns(np.array(cols, dtype=np.intp), replicated, gathered, whole,
+        cols = np.array([rank if s.kind == "replicated" else s.dim for s in states],
+                        dtype=np.intp)
+        whole = np.array([1 if s.kind == "replicated" or s.gathered else 0 for s in states],
+                         dtype=np.int64)
+        return _Columns(cols, np.where(whole > 0, rank, cols), whole,
                         np.where(whole > 0, ALL_REDUCE_FACTOR, REDUCE_SCATTER_FACTOR))
 
 
@@ -470,9 +470,10 @@ def _finish(problem, entry, volumes, pairs, rank, columns
     convert, replicated state += (k - 1) x the stored elements produced outside the group
     (all of them for an output an outer level reduced: ProblemOp.reduced).
     A Partial output reduces all the op's local output, the part other groups store too.
-    A G(d) state is stored as Split(d) and then assembled whole on every part, once: its
-    conversion is Split(d)'s plus what each part lacks of the whole (a Partial one reduces
-    as for R, an all-reduce), and its reads fetch nothing more, as from R.
+    A G(d) state (a view: with_views) is assembled whole on every part, once, from what
+    the parts produced, as the emitter's readers take it: its conversion is R's (a
+    Partial one reduces as for R, an all-reduce), its reads fetch nothing more, and the
+    next level cuts it whole (level_models); it is stored as Split(d) (memory only).
     Transfers, as the emitter makes them: a fetch, the (receiver, holder) pairs whose
     regions meet (cost.partners; none from R); a split output, the (producer, keeper)
     pairs; a Partial one, the ring's k (k - 1) messages per pass (two for R); at least one
@@ -497,10 +498,9 @@ def _finish(problem, entry, volumes, pairs, rank, columns
             moved = spec.itemsize * copies
             count = np.zeros(len(cols), dtype=np.int64)
         else:
-            held = volumes[first][cols]          # sum_p |H_p(X) ∩ domain|
-            gather = found.gathered * (volumes[first][rank] - held)   # the rest, once
-            moved = spec.itemsize * (held - volumes[produced_index][cols] + copies + gather)
-            count = pairs[produced_index][cols] + found.gathered * k * (k - 1)
+            held = volumes[first][found.assembled]      # sum_p |H_p(X) ∩ domain|
+            moved = spec.itemsize * (held - volumes[produced_index][found.assembled] + copies)
+            count = pairs[produced_index][found.assembled]
     return position, moved, np.where(moved > 0, np.maximum(count, 1), 0)
 
 
