@@ -24,13 +24,12 @@ from typing import Mapping
 import numpy as np
 
 from tofu_tf.graph import DTYPE_SIZES
-from tofu_tf.op_semantics.analysis import (REPLICATED, OutputState, Strategy, clamp_slices,
-                                           part_range)
+from tofu_tf.op_semantics.analysis import REPLICATED, OutputState, Strategy, clamp_slices
 from tofu_tf.op_semantics.localize import LocalOp, localize
 from tofu_tf.op_semantics.memo import SemanticsMemo
 from tofu_tf.op_semantics.registry import Semantics
 from tofu_tf.search.cost import (ALL_REDUCE_FACTOR, REDUCE_SCATTER_FACTOR, Box, box_volume,
-                                 overlaps, partners, tensor_states)
+                                 overlaps, part_bounds, partners, tensor_states)
 
 REPLICATE = "replicate"
 
@@ -467,12 +466,8 @@ def _misplaced(part: tuple[int, ...], produced: tuple[int, ...], cols: np.ndarra
     for s, d in enumerate(cols):
         if d >= len(part) or produced[d] <= part[d]:
             continue
-        n, m = part[d], produced[d]
-        kept = 0
-        for p in range(k):
-            h0, h1 = part_range(n, k, p)
-            e0, e1 = part_range(m, k, p)
-            kept += max(0, min(h1, e1) - max(h0, e0) + 1)
+        n, h, e = part[d], part_bounds(part[d], k), part_bounds(produced[d], k)
+        kept = np.maximum(np.minimum(h[:, 1], e[:, 1]) - np.maximum(h[:, 0], e[:, 0]), 0).sum()
         out[s] = (n - kept) * math.prod(min(a, b) for e, (a, b) in
                                           enumerate(zip(part, produced)) if e != d)
     return out
