@@ -37,7 +37,8 @@ from tensorflow.core.framework import types_pb2
 from tofu_tf.errors import RewriteError
 from tofu_tf.rewrite.nodedefs import Ref, str_attr, type_attr
 from tofu_tf.rewrite.partition import (Box, all_reduces, contains, exchange_rounds,
-                                      exchanges, parse_state, reduce_target, replica_levels)
+                                      exchanges, parse_state, reduce_regions, reduce_target,
+                                      replica_levels)
 from tofu_tf.search.cost import box_volume
 
 
@@ -63,7 +64,22 @@ def reduce_all(em, t: str, op: str) -> dict[int, dict[Box, Ref]]:
     if exchanges(levels, states, boxes, em.itemsize(t), replicas):
         return _exchange(em, t, op, levels, reducer, replicas)
     cut = tuple(sorted(levels + replicas))
-    targets = cut_at(cut)
+    held: dict[int, dict[Box, Ref]] = {}
+    for within in reduce_regions(boxes, cut, states, em.parts.ways, shape):
+        for d, pieces in _reduce(em, t, op, within, cut, levels, reducer, states).items():
+            held.setdefault(d, {}).update(pieces)
+    return held
+
+
+def _reduce(em, t: str, op: str, boxes, cut, levels, reducer: str, states
+            ) -> dict[int, dict[Box, Ref]]:
+    """One reduction (partition.reduce_regions) of the produced `boxes` (per device):
+    the reduce-scatter over `cut`, then the all-gather."""
+    coordinates = em.parts.coordinates
+    active = [d for d in em.active(t) if boxes[d] is not None]
+    targets = {d: reduce_target(boxes[d], cut, states, coordinates(d), em.parts.ways,
+                                em.graph.tensors[t].shape) if d in active else None
+               for d in range(em.n)}
     # Every device starts with its (scaled) partial result of D, cut into the targets of
     # its group: pieces are (owners, box, tensor), a run of owners whose targets tile one
     # box sharing a piece.
@@ -72,7 +88,7 @@ def reduce_all(em, t: str, op: str) -> dict[int, dict[Box, Ref]]:
         owners = tuple(e for e in em.parts.group(d, cut) if targets[e] is not None)
         produced = em.produced[t][d]
         pieces[d] = [(run, _union(run, targets), em._cut(produced, _union(run, targets), d))
-                     for run in _runs(owners, targets, [[(owners, produced.box, None)]])]
+                     for run in _runs(owners, targets, [[(owners, boxes[d], None)]])]
     for level in reversed(cut):                            # reduce-scatter, inner first
         new = {}
         for d in active:

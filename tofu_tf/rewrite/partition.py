@@ -29,6 +29,7 @@ result shapes are asked once per distinct local op of the class.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import zlib
 from dataclasses import dataclass
@@ -169,17 +170,54 @@ def reduce_target(box: Box, levels, states, coords, ways, shape) -> Box | None:
     return tuple(box)
 
 
+def _nested_ranges(n: int, states, ways, levels: int, dim: int):
+    """The ranges along `dim` (extent n) the first `levels` levels cut, nested as
+    `stored_box` cuts them, each with its part's coordinate at the last of those levels
+    that splits `dim` (None before any)."""
+    ranges = [((0, n), None)]
+    for at in range(levels):
+        if states[at].kind == "split" and states[at].dim == dim:
+            ranges = [((a + lo, a + hi + 1), q) for (a, b), _ in ranges
+                      for q in range(ways[at]) for lo, hi in [part_range(b - a, ways[at], q)]]
+    return ranges
+
+
+def reduce_regions(boxes: Sequence[Box | None], cut, states, ways, shape
+                   ) -> list[list[Box | None]]:
+    """The reductions a partial result over the levels `cut` runs as
+    (rewrite/collectives.py), each given as the produced boxes (per device, None: none)
+    it sums: one, of `boxes` whole; or, where at a Split(d) level of the cut a produced
+    box's stored slabs are not one range per part (an op above produced past its group's
+    part along d, across the ranges outer levels cut), one per outer range along d, each
+    with the boxes cut to it: within one, every part's slab is one range, so each reduced
+    element lands on the part that stores it."""
+    bounds: list[set[int]] = [set() for _ in shape]
+    for level in cut:
+        state = states[level]
+        if state.kind != "split":
+            continue
+        dim = state.dim
+        if any(box is not None and _stored_slabs(shape[dim], states, ways, level, dim,
+                                                 box[dim]) is None for box in boxes):
+            bounds[dim].update(x for r, _ in _nested_ranges(shape[dim], states, ways, level,
+                                                            dim) for x in r)
+    if not any(bounds):
+        return [list(boxes)]
+    cuts = [sorted(b | {0, n}) for b, n in zip(bounds, shape)]
+    out = []
+    for region in itertools.product(*(list(zip(c[:-1], c[1:])) for c in cuts)):
+        within = [None if box is None else _intersect(box, region) for box in boxes]
+        within = [box if box is not None and nonempty(box) else None for box in within]
+        if any(within):
+            out.append(within)
+    return out
+
+
 def _stored_slabs(n: int, states, ways, level: int, dim: int, span: tuple[int, int]):
     """Per part p of `level`, the range of `span` (along `dim`, of extent n) that parts
     stored at coordinate p there hold (parts nest level by level, as `stored_box` cuts
     them); None for a part holding none of it. None where some part's is not one range."""
-    ranges = [((0, n), None)]
-    for at in range(level + 1):
-        if states[at].kind != "split" or states[at].dim != dim:
-            continue
-        ranges = [((a + lo, a + hi + 1), q if at == level else mine)
-                  for (a, b), mine in ranges for q in range(ways[at])
-                  for lo, hi in [part_range(b - a, ways[at], q)]]
+    ranges = _nested_ranges(n, states, ways, level + 1, dim)   # `level` splits dim
     out = []
     for p in range(ways[level]):
         pieces = [(max(a, span[0]), min(b, span[1])) for (a, b), q in ranges

@@ -47,7 +47,8 @@ from tofu_tf.op_semantics.catalog import OpEntry
 from tofu_tf.rewrite.partition import (Box, DeviceOp, Partition, all_reduces, contains,
                                       exchange_rounds, exchanges, fetched_from, narrow_update,
                                       nonempty, own_shard, parse_state, reads_values,
-                                      reduce_target, replica_levels, shared_prefix)
+                                      reduce_regions, reduce_target, replica_levels,
+                                      shared_prefix)
 from tofu_tf.search.cost import box_volume
 from tofu_tf.search.plan import Plan
 
@@ -231,9 +232,22 @@ class _Pricer:
                 holders = [e for e, _ in steps]
             self.held[t] = [[produced[d]] if d in holders else [] for d in range(self.n)]
             return self.held[t]
-        group = self.parts.group
         cut = tuple(sorted(levels + replicas))
-        targets = cut_at(cut)
+        held = [[] for _ in range(self.n)]
+        for within in reduce_regions(produced, cut, states, self.parts.ways, shape):
+            for d, boxes in enumerate(self._reduce_scatter(t, within, levels, cut, states)):
+                held[d].extend(boxes)
+        self.held[t] = held
+        return held
+
+    def _reduce_scatter(self, t: str, produced, levels, cut, states) -> list[list[Box]]:
+        """One reduction (partition.reduce_regions) of the `produced` boxes: the
+        reduce-scatter over `cut`, then the all-gather; the pieces each device holds."""
+        group = self.parts.group
+        active = [d for d in range(self.n) if produced[d] is not None]
+        targets = [reduce_target(produced[d], cut, states, self.coords[d], self.parts.ways,
+                                 self.graph.tensors[t].shape) if produced[d] is not None
+                   else None for d in range(self.n)]
         pieces = {d: [e for e in group(d, cut) if targets[e] is not None]
                   for d in active}
         for level in reversed(cut):                          # reduce-scatter, inner first

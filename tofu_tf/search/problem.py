@@ -29,7 +29,7 @@ from tofu_tf.op_semantics.localize import LocalOp, localize
 from tofu_tf.op_semantics.memo import SemanticsMemo
 from tofu_tf.op_semantics.registry import Semantics
 from tofu_tf.search.cost import (ALL_REDUCE_FACTOR, REDUCE_SCATTER_FACTOR, Box, box_volume,
-                                 overlaps, part_bounds, partners, tensor_states)
+                                 overlaps, partners, tensor_states)
 
 REPLICATE = "replicate"
 
@@ -438,9 +438,8 @@ def _pending_entries(problem, op, choice, batch: _Batch) -> list[tuple]:
         domain = _domain(choice.output_boxes[o], spec.shape)
         size = box_volume(domain)
         if state.kind == "partial":    # the group reduces all it produced (collectives.py)
-            reduced = o < len(op.reduced) and op.reduced[o]
             entries.append(("partial", ("out", o), spec, None,
-                            (op.sem.output_shapes[o], reduced)))
+                            math.prod(op.sem.output_shapes[o])))
         elif state.kind == "split":
             entries.append(("convert", ("out", o), spec,
                             batch.add((domain,) * problem.k, spec.shape),
@@ -451,26 +450,6 @@ def _pending_entries(problem, op, choice, batch: _Batch) -> list[tuple]:
             entries.append(("replicated", ("out", o), spec, None,
                             (None, math.prod(spec.shape) - (0 if reduced else size))))
     return entries
-
-
-def _misplaced(part: tuple[int, ...], produced: tuple[int, ...], cols: np.ndarray, k: int
-               ) -> np.ndarray:
-    """Per stored state (`cols`), elements of a Partial output reduced on another part
-    than the one storing them, which then move again. The reduce-scatter's targets are
-    what each part stores (partition.reduce_target), except where that is not one range
-    per part: a Split(d) inside a group whose op produced past its part along d (rows
-    other groups store too). There the produced extent m is cut evenly, and part p keeps
-    of its stored slab h_p only what its chunk e_p covers: the rest, (n - sum_p |h_p ∩
-    e_p|) x the other dims' extent, comes from another part."""
-    out = np.zeros(len(cols), dtype=np.int64)
-    for s, d in enumerate(cols):
-        if d >= len(part) or produced[d] <= part[d]:
-            continue
-        n, h, e = part[d], part_bounds(part[d], k), part_bounds(produced[d], k)
-        kept = np.maximum(np.minimum(h[:, 1], e[:, 1]) - np.maximum(h[:, 0], e[:, 0]), 0).sum()
-        out[s] = (n - kept) * math.prod(min(a, b) for e, (a, b) in
-                                          enumerate(zip(part, produced)) if e != d)
-    return out
 
 
 def _domain(boxes: tuple[Box, ...], shape: tuple[int, ...]) -> Box:
@@ -509,10 +488,8 @@ def _finish(problem, entry, volumes, pairs, rank, columns
         moved = spec.itemsize * (row[rank] - np.where(found.whole > 0, row[rank], row[cols])
                                  + second)
         count = pairs[first][cols] * (1 - found.whole)
-    elif kind == "partial":                      # second: (local output shape, reduced)
-        shape, reduced = second
-        moved = spec.itemsize * ((k - 1) * math.prod(shape) * found.reduce_factors
-                                 + (0 if reduced else _misplaced(spec.shape, shape, cols, k)))
+    elif kind == "partial":                      # second: |domain|
+        moved = spec.itemsize * (k - 1) * second * found.reduce_factors
         count = k * (k - 1) * found.reduce_factors
     else:
         produced_index, outside = second
