@@ -7,7 +7,10 @@ are equal), those levels join the cut and each copy reduces only its slice. Ever
 has a target box T_d: D cut, outermost level first, at each of these levels by the
 tensor's state there — Split(dim): what the side stores of D (the box cut evenly where
 that is not one range); Replicated: a chunk on the largest dim (the whole for one chunk
-when nothing can be chunked, as a tree does).
+when nothing can be chunked, as a tree does). Where an op split on another dim above
+produced past its group's part along dim, D's slabs would not be one range per side:
+the reduction then runs once per range the outer levels cut along dim
+(partition.reduce_regions), so every reduced element lands where it is stored.
 
 1. reduce-scatter, innermost level first: the k members that differ only at a level of Λ
    each keep the pieces destined to their own side and receive the others' copies of them:
@@ -49,23 +52,18 @@ def reduce_all(em, t: str, op: str) -> dict[int, dict[Box, Ref]]:
     states = [parse_state(s) for s in em.plan_states(t)]
     boxes = [value and value.box for value in em.produced[t]]
     replicas = replica_levels(em.parts, levels, boxes)
-    coordinates = em.parts.coordinates
     active = em.active(t)
-    shape = em.graph.tensors[t].shape
-
-    def cut_at(cut):
-        return {d: reduce_target(em.produced[t][d].box, cut, states, coordinates(d),
-                                 em.parts.ways, shape) if d in active else None
-                for d in range(em.n)}
     if all_reduces(em.use_v2, reducer, levels, states):
-        targets = cut_at(replicas)
+        targets = _targets(em, t, [box if d in active else None
+                                   for d, box in enumerate(boxes)], replicas, states)
         pieces = _all_reduce_v2(em, t, op, levels, reducer, targets)
         return _gathered(em, t, op, pieces, replicas, states, targets)
     if exchanges(levels, states, boxes, em.itemsize(t), replicas):
         return _exchange(em, t, op, levels, reducer, replicas)
     cut = tuple(sorted(levels + replicas))
     held: dict[int, dict[Box, Ref]] = {}
-    for within in reduce_regions(boxes, cut, states, em.parts.ways, shape):
+    for within in reduce_regions(boxes, cut, states, em.parts.ways,
+                                 em.graph.tensors[t].shape):
         for d, pieces in _reduce(em, t, op, within, cut, levels, reducer, states).items():
             held.setdefault(d, {}).update(pieces)
     return held
@@ -77,9 +75,8 @@ def _reduce(em, t: str, op: str, boxes, cut, levels, reducer: str, states
     the reduce-scatter over `cut`, then the all-gather."""
     coordinates = em.parts.coordinates
     active = [d for d in em.active(t) if boxes[d] is not None]
-    targets = {d: reduce_target(boxes[d], cut, states, coordinates(d), em.parts.ways,
-                                em.graph.tensors[t].shape) if d in active else None
-               for d in range(em.n)}
+    targets = _targets(em, t, [box if d in active else None for d, box in enumerate(boxes)],
+                       cut, states)
     # Every device starts with its (scaled) partial result of D, cut into the targets of
     # its group: pieces are (owners, box, tensor), a run of owners whose targets tile one
     # box sharing a piece.
@@ -107,6 +104,14 @@ def _reduce(em, t: str, op: str, boxes, cut, levels, reducer: str, states
                 new[d].append((run, box, _combine(em, t, terms, reducer, d)))
         pieces = new
     return _gathered(em, t, op, pieces, cut, states, targets)
+
+
+def _targets(em, t: str, boxes, cut, states) -> dict[int, Box | None]:
+    """Each device's share (partition.reduce_target) of its produced box over `cut`
+    (None where it has none)."""
+    return {d: None if box is None else reduce_target(
+        box, cut, states, em.parts.coordinates(d), em.parts.ways, em.graph.tensors[t].shape)
+        for d, box in enumerate(boxes)}
 
 
 def _gathered(em, t: str, op: str, pieces, levels, states, targets

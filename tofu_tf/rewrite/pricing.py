@@ -21,7 +21,8 @@ TensorFlow), with the rules the emitter follows:
   stored box is used. It is used on d by a read within S_d, on every device by a read
   outside any S_d, and by every fetch.
 - reduce: a partial result over levels Λ (rewrite/collectives.py), cut also at the levels
-  where the op ran replicated inside Λ's outermost (partition.replica_levels):
+  where the op ran replicated inside Λ's outermost (partition.replica_levels), one
+  reduction per region of partition.reduce_regions:
   reduce-scatter, innermost level first — at a level of Λ each member of a level group
   receives every other member's copy of the pieces destined to its side (at a replica
   level it keeps its own); then all-gather, outermost first, at the levels where the
@@ -212,13 +213,8 @@ class _Pricer:
         active = [d for d in range(self.n) if produced[d] is not None]   # its stage's
         replicas = replica_levels(self.parts, levels, produced)
         shape = self.graph.tensors[t].shape
-
-        def cut_at(cut):
-            return [reduce_target(produced[d], cut, states, self.coords[d], self.parts.ways,
-                                  shape) if produced[d] is not None else None
-                    for d in range(self.n)]
         if all_reduces(self.use_v2, reducer, levels, states):
-            targets = cut_at(replicas)
+            targets = self._targets(t, produced, replicas, states)
             self._all_reduce(t, levels, targets, active)
             pieces = {d: [d] for d in active if targets[d] is not None}
             return self._gathered(t, pieces, replicas, states, targets)
@@ -245,9 +241,7 @@ class _Pricer:
         reduce-scatter over `cut`, then the all-gather; the pieces each device holds."""
         group = self.parts.group
         active = [d for d in range(self.n) if produced[d] is not None]
-        targets = [reduce_target(produced[d], cut, states, self.coords[d], self.parts.ways,
-                                 self.graph.tensors[t].shape) if produced[d] is not None
-                   else None for d in range(self.n)]
+        targets = self._targets(t, produced, cut, states)
         pieces = {d: [e for e in group(d, cut) if targets[e] is not None]
                   for d in active}
         for level in reversed(cut):                          # reduce-scatter, inner first
@@ -261,6 +255,12 @@ class _Pricer:
                 new[d] = sorted(mine)
             pieces = new
         return self._gathered(t, pieces, cut, states, targets)
+
+    def _targets(self, t: str, produced, cut, states) -> list[Box | None]:
+        """Each device's share (partition.reduce_target) of its produced box over `cut`."""
+        return [None if box is None else reduce_target(
+            box, cut, states, self.coords[d], self.parts.ways, self.graph.tensors[t].shape)
+            for d, box in enumerate(produced)]
 
     def _gathered(self, t: str, pieces, levels, states, targets) -> list[list[Box]]:
         """The all-gather at the `levels` whose state is Replicated, outermost first:
