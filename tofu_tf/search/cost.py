@@ -81,6 +81,25 @@ def box_volume(box: Box) -> int:
     return int(math.prod([max(b - a, 0) for a, b in box]))
 
 
+def union_volume(boxes) -> int:
+    """The volume of the union of `boxes`, by inclusion-exclusion over the intersections
+    that are not empty (boxes of parts meet their neighbours only: few are)."""
+    def from_(start: int, meet: Box, sign: int) -> int:
+        total = 0
+        for i in range(start, len(boxes)):
+            both = tuple((max(a, c), min(b, d)) for (a, b), (c, d) in zip(meet, boxes[i]))
+            volume = box_volume(both)
+            if volume:
+                total += sign * volume + from_(i + 1, both, -sign)
+        return total
+    total = 0
+    for i, box in enumerate(boxes):
+        volume = box_volume(box)
+        if volume:
+            total += volume + from_(i + 1, box, -1)
+    return total
+
+
 def part_bounds(n: int, k: int) -> np.ndarray:
     """[k, 2] half-open bounds of the uneven k-way split of n."""
     base, extra = divmod(n, k)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import enum
-import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -38,7 +37,7 @@ import numpy as np
 
 from tofu_tf.errors import PlanInfeasibleError, TofuError
 from tofu_tf.graph import Graph
-from tofu_tf.op_semantics.analysis import OutputState
+from tofu_tf.op_semantics.analysis import REPLICATED, OutputState
 from tofu_tf.op_semantics.catalog import OpEntry, catalog
 from tofu_tf.options import Options, VariableStorage
 from tofu_tf.search import dp
@@ -47,7 +46,7 @@ from tofu_tf.search.ilp import DEFAULT_TIME_LIMIT, ilp_minimum, merged_vectors
 from tofu_tf.search.level import LevelModel, choice_work, level_models
 from tofu_tf.search.problem import (Choice, Problem, ProblemOp, SearchCache, TensorSpec,
                                     clamp_box, cost_vectors, fetch_extra, make_choice,
-                                    may_replicate, sub_problem)
+                                    sub_problem, viewed)
 from tofu_tf.search.topology import Topology
 
 MAX_JOINT_CHOICES = 1_000_000        # joint choices summed over ops, before giving up
@@ -110,28 +109,25 @@ def state_tree(spec: TensorSpec, base: Problem, ways: tuple[int, ...]) -> StateT
     return StateTree(states, children, tuple(int(v) for v in np.cumsum([0] + sizes)))
 
 
-@dataclass
-class _Context:
-    """One op at one level under fixed outer choices and states: its choices and their
-    vectors, summed per group."""
-    problem: Problem                           # the op alone, with its tensors
-    vectors: list[dict[int, np.ndarray]]       # per choice: group -> bytes per state
-    work: np.ndarray                           # per choice: its work (level.choice_work)
-
-    @property
-    def op(self) -> ProblemOp:
-        return self.problem.ops[0]
-
-    def label(self, choice: int) -> str:
-        return self.problem.choices[self.op.name][choice].label
+@dataclass(frozen=True)
+class _Node:
+    """A group at one level under fixed outer states: its subtree, where the subtree's
+    leaves start among the group's leaves, and the part shapes there of its tensors (those
+    of the op being walked)."""
+    tree: StateTree
+    offset: int
+    tensors: dict[str, TensorSpec]
 
 
 @dataclass
 class _Walk:
-    """Builds and caches the contexts of deeper levels: `sub_problem`, `build_choices` and
-    `cost_vectors` for one op. Shapes enter a choice only through `clamp_box`, and clamping
-    to unbounded shapes and then (offset 0) to the real ones is clamping to the real ones;
-    a choice's vector for a tensor depends only on its boxes and the tensor. So each local
+    """Builds each op's joint choices: chains of one choice per level, each a choice of
+    the local op the choice above leaves (`sub_problem`; a local op depends on the outer
+    choices only). A choice's vector for a tensor depends only on the choice, the tensor
+    and the tensor's part shape, which its group's outer states fix; so a chain's cost is
+    a vector per group over the group's leaves, and the joint problem keeps the form of
+    one level. Shapes enter a choice only through `clamp_box`, and clamping to unbounded
+    shapes and then (offset 0) to the real ones is clamping to the real ones: each local
     op is localized once, and each (choice, tensor, shape) costed once."""
     base: Problem
     coarse: CoarseGraph
@@ -139,76 +135,159 @@ class _Walk:
     limit: int                                         # most joint choices in all
     flop_bytes: float                                  # the price of repeated work
     transfer_bytes: float              # the price of one transfer between two devices
-    local_ops: dict = field(default_factory=dict)      # (id(op), choice) -> (op, local op)
-    contexts: dict = field(default_factory=dict)       # (id(local op), shapes) -> _Context
-    templates: dict = field(default_factory=dict)      # id(local op) -> (op, choices, whole)
-    vectors: dict = field(default_factory=dict)   # (id(choice), slot, shape) -> (bytes, transfers)
+    levels: dict = field(default_factory=dict)         # (id(op), label) -> _Level below
+    templates: dict = field(default_factory=dict)      # template -> (op, choices, whole)
+    vectors: dict = field(default_factory=dict)   # (template, choice, slot, tensor kind)
+    #                                                 -> (bytes, transfers)
     choices: int = 0                                   # joint choices made so far
 
-    def count(self, more: int, context: _Context) -> None:
-        self.choices += more
-        if self.choices > self.limit:
-            raise JointTooLarge.of(f"more than {self.limit}", self.ways, node=context.op.name,
-                                   op_type=context.op.sem.op_type)
-
-    def root(self, model: LevelModel, op: ProblemOp) -> _Context:
+    def chains(self, model: LevelModel, op: ProblemOp, scope: tuple[int, ...],
+               trees: list[StateTree]) -> list[tuple[tuple[str, ...], list[np.ndarray]]]:
+        """Every joint choice of `op`: (its labels, outermost first; its bytes per scope
+        group over the group's leaves)."""
         tensors = {t: model.problem.tensors[t] for t in op.inputs + op.outputs}
-        problem = Problem(model.problem.k, [op], tensors, self.base.replicable,
-                          self.base.replicate_below, {op.name: model.problem.choices[op.name]},
-                          views=self.base.views)
-        return _Context(problem, [merged_vectors(self.coarse.group_of, entries)
-                                  for entries in model.priced(op.name)], model.work(op.name))
+        problem = self._problem(model.problem.k, op, tensors, model.problem.choices[op.name])
+        nodes = [[_Node(tree, 0, {t: spec for t, spec in tensors.items()
+                                  if self.coarse.group_of[t] == g})]
+                 for g, tree in zip(scope, trees)]
+        per_node = [[[merged.get(g)] for g in scope] for merged in
+                    (merged_vectors(self.coarse.group_of, e) for e in model.priced(op.name))]
+        return self._chains(problem, per_node, model.work(op.name), nodes,
+                            [tree.size for tree in trees], 0)
 
-    def next(self, context: _Context, choice: int, states: dict[str, OutputState],
-             level: int) -> _Context:
-        """The context one level down, after `choice` with the tensors in `states`."""
-        k_next = self.ways[level + 1]
-        key = (id(context.op), choice)
-        if key not in self.local_ops:
-            local = sub_problem(context.problem, {}, {context.op.name: context.label(choice)},
-                                k_next).ops[0]
-            self.local_ops[key] = (context.op, local)
-        local = self.local_ops[key][1]
-        tensors = _part_tensors(context.problem, states, k_next)
-        shapes = tuple(sorted((t, spec.shape) for t, spec in tensors.items()))
-        if (id(local), shapes) not in self.contexts:
-            price = self.transfer_bytes * math.prod(self.ways[level + 2:])
-            self.contexts[id(local), shapes] = self._context(local, tensors, k_next, price)
-        return self.contexts[id(local), shapes]
+    def _chains(self, problem: Problem, per_node: list, work: np.ndarray,
+                nodes: list[list[_Node]], sizes: list[int], level: int):
+        """The chains from `level` down of the op of `problem` (its choices at this level;
+        per choice and scope group, a vector over the states of each of the group's
+        `nodes`, None where the choice moves none of its tensors)."""
+        op, scale = problem.ops[0], math.prod(self.ways[:level])
+        last = level == len(self.ways) - 1
+        if not last:
+            k = self.ways[level + 1]
+            below = [[_Node(node.tree.children[s], node.offset + node.tree.offsets[s],
+                            _part_tensors(self._problem(problem.k, None, node.tensors),
+                                          dict.fromkeys(node.tensors, state), k))
+                      for node in at for s, state in enumerate(node.tree.states)]
+                     for at in nodes]
+        out = []
+        for choice, chosen in enumerate(problem.choices[op.name]):
+            vectors = [_spread(at, vectors, scale, size)
+                       for at, vectors, size in zip(nodes, per_node[choice], sizes)]
+            if vectors and work[choice]:            # the choice's work, on its first group
+                vectors[0] = vectors[0] + scale * work[choice]
+            if last:
+                self.count(op)
+                out.append(((chosen.label,), vectors))
+                continue
+            local, local_nodes, local_work = self._below(problem, chosen.label, below,
+                                                         level + 1)
+            for labels, deeper in self._chains(local, local_nodes, local_work, below, sizes,
+                                               level + 1):
+                out.append(((chosen.label,) + labels,
+                            [v + d for v, d in zip(vectors, deeper)]))
+        return out
 
-    def _context(self, op: ProblemOp, tensors: dict[str, TensorSpec], k: int,
-                 price: float) -> _Context:
-        """The op's choices at a deeper level, each transfer costing `price` (the level's
-        price, level.level_models)."""
-        problem = Problem(k, [op], tensors, self.base.replicable, self.base.replicate_below,
-                          views=self.base.views)
-        chosen = self._templates(problem, op)
-        keys = [[(id(choice), slot, tensors[tensor].shape) for slot, tensor in
-                 _slots(choice, op)] for choice in chosen]
-        if any(key not in self.vectors for row in keys for key in row):
-            problem.choices[op.name] = [clamp_boxed(choice, op, problem) for choice in chosen]
-            vectors = cost_vectors(problem)
-            for row, entries, counts in zip(keys, vectors[op.name],
-                                            vectors.transfers(op.name)):
-                self.vectors.update(zip(row, ((v, n) for (_, v), (_, n)
-                                              in zip(entries, counts))))
-        problem.choices[op.name] = chosen           # labels and strategies only, below
-        vectors = [merged_vectors(self.coarse.group_of, [
-            (tensor, self.vectors[key][0] + price * self.vectors[key][1])
-            for (_, tensor), key in zip(_slots(c, op), row)]) for c, row in zip(chosen, keys)]
-        return _Context(problem, vectors, choice_work(k, op, chosen, self.flop_bytes))
+    def count(self, op: ProblemOp) -> None:
+        self.choices += 1
+        if self.choices > self.limit:
+            raise JointTooLarge.of(f"more than {self.limit}", self.ways, node=op.name,
+                                   op_type=op.sem.op_type)
 
-    def _templates(self, problem: Problem, op: ProblemOp) -> list[Choice]:
-        """`build_choices` for the op, on unbounded shapes (clamped by the caller)."""
-        if id(op) not in self.templates:
-            unbounded = Problem(problem.k, [op], {
-                t: TensorSpec(t, (UNBOUNDED,) * len(spec.shape), spec.dtype)
-                for t, spec in problem.tensors.items()})
+    def _problem(self, k: int, op: ProblemOp | None, tensors: dict[str, TensorSpec],
+                 choices: list[Choice] | None = None) -> Problem:
+        """The op alone at a cut of k, sharing the search's descriptions of local ops;
+        its vectors are not remembered by geometry (`self.vectors` keeps them)."""
+        ops = [op] if op is not None else []
+        return Problem(k, ops, tensors, self.base.replicable, self.base.replicate_below,
+                       {op.name: choices} if choices is not None else {},
+                       cache=self.base.cache, geometries={o.name: None for o in ops},
+                       views=self.base.views)
+
+    def _below(self, problem: Problem, label: str, nodes: list[list[_Node]], level: int):
+        """One level down after the choice `label`: the local op's problem (its choices),
+        per choice and scope group a vector per node, and per choice its work."""
+        op, k = problem.ops[0], self.ways[level]
+        key = (id(op), label)
+        if key not in self.levels:        # op kept alive with it: its id keys the entry
+            self.levels[key] = (op, sub_problem(problem, {}, {op.name: label}, k).ops[0])
+        local = self.levels[key][1]
+        template = self._template(local, k)
+        chosen, whole = self.templates[template][1:]
+        for i in range(max(len(at) for at in nodes)):      # every node's shapes, costed
+            self._cost(local, k, template, {t: spec for at in nodes for t, spec
+                                            in at[min(i, len(at) - 1)].tensors.items()})
+        price = self.transfer_bytes * math.prod(self.ways[level + 1:])
+        slots = [_slots(c, local) for c in chosen]
+
+        def vector(n: int, node: _Node) -> np.ndarray | None:
+            """Choice n's bytes on the node's states (its group's tensors summed), +inf
+            where running the op whole stores an output replicated that may not be
+            (`may_replicate`); None where it moves none of the group's tensors."""
+            if n == whole and any(REPLICATED not in self._problem(k, None, {t: spec}).states(t)
+                                  for t, spec in node.tensors.items() if t in local.outputs):
+                return np.full(len(node.tree.states), np.inf)
+            out = None
+            for slot, tensor in slots[n]:
+                spec = node.tensors.get(tensor)
+                if spec is not None:
+                    bytes_, transfers = self.vectors[template, n, slot, self._kind(spec)]
+                    out = bytes_ + price * transfers if out is None else \
+                        out + bytes_ + price * transfers
+            return out
+        per_node = [[[vector(n, node) for node in at] for at in nodes]
+                    for n in range(len(chosen))]
+        first = {t: spec for at in nodes for t, spec in at[0].tensors.items()}
+        return (self._problem(k, local, first, chosen), per_node,
+                choice_work(k, local, chosen, self.flop_bytes))
+
+    def _template(self, op: ProblemOp, k: int) -> tuple:
+        """What the op's choices and vectors depend on but its tensors (its geometry's
+        template at this k; the op itself where it has none), as a key of `templates`:
+        `build_choices` for the op on unbounded shapes (clamped where costed), with
+        `replicate` always, and its index where only some shapes allow it (it has
+        strategies: `may_replicate`)."""
+        key = (k, op.template) if op.template is not None else (k, None, id(op))
+        if key not in self.templates:
+            unbounded = Problem(k, [op], {
+                t: TensorSpec(t, (UNBOUNDED,) * len(self.base.tensors[t].shape),
+                              self.base.tensors[t].dtype) for t in op.inputs + op.outputs})
             strategies = [make_choice(unbounded, op, s) for s in op.strategies
-                          if s.valid_for(problem.k)]
-            self.templates[id(op)] = (op, strategies, make_choice(unbounded, op, None))
-        _, strategies, whole = self.templates[id(op)]
-        return strategies + ([whole] if may_replicate(problem, op, bool(strategies)) else [])
+                          if s.valid_for(k)]
+            whole = len(strategies) if strategies else None
+            self.templates[key] = (op, strategies + [make_choice(unbounded, op, None)],
+                                   whole)
+        return key
+
+    def _kind(self, spec: TensorSpec) -> tuple:
+        """What a tensor's vectors depend on: its shape and what its states do."""
+        view = spec.name in self.base.views
+        return (spec.shape, view,
+                (viewed(spec.name) if view else spec.name) in self.base.replicable)
+
+    def _cost(self, op: ProblemOp, k: int, template: tuple,
+              tensors: dict[str, TensorSpec]) -> None:
+        """Each choice's (bytes, transfers) per tensor at these shapes, into `vectors`."""
+        chosen = self.templates[template][1]
+        keys = [[(template, n, slot, self._kind(tensors[t])) for slot, t in _slots(c, op)]
+                for n, c in enumerate(chosen)]
+        if all(key in self.vectors for row in keys for key in row):
+            return
+        problem = self._problem(k, op, tensors)
+        problem.choices[op.name] = [clamp_boxed(c, op, problem) for c in chosen]
+        vectors = cost_vectors(problem)
+        for row, entries, counts in zip(keys, vectors[op.name], vectors.transfers(op.name)):
+            self.vectors.update(zip(row, ((v, n) for (_, v), (_, n) in zip(entries, counts))))
+
+
+def _spread(nodes: list[_Node], per_node: list, scale: float, size: int) -> np.ndarray:
+    """A group's vector over its `size` leaves: each node's vector over its states,
+    scaled, on the leaves below each state (zero where a node has none)."""
+    out = np.zeros(size)
+    for node, vector in zip(nodes, per_node):
+        if vector is not None:
+            out[node.offset:node.offset + node.tree.size] += \
+                scale * np.repeat(vector, np.diff(node.tree.offsets))
+    return out
 
 
 def _slots(choice: Choice, op: ProblemOp) -> list[tuple[int, str]]:
@@ -235,56 +314,6 @@ def clamp_boxed(choice: Choice, op: ProblemOp, problem: Problem) -> Choice:
         input_extra=tuple(extra(i, b) for i, b in enumerate(choice.input_boxes)),
         output_boxes=tuple(clamp(b, problem.tensors[t].shape)
                            for b, t in zip(choice.output_boxes, op.outputs)))
-
-
-def _joint_choices(walk: "_Walk", context: _Context, scope: tuple[int, ...],
-                   trees: list[StateTree], level: int) -> list[tuple[tuple, list[np.ndarray]]]:
-    """Every joint choice of the op from `level` down: (key, vector per scope group over
-    the leaves of its tree), key = (label_l, K_l, ..., label_L)."""
-    scale = math.prod(walk.ways[:level])
-    out = []
-    for choice, merged in enumerate(context.vectors):
-        here = [scale * merged.get(g, np.zeros(len(tree.states)))
-                for g, tree in zip(scope, trees)]
-        if here and context.work[choice]:          # the choice's work, on its first group
-            here[0] = here[0] + scale * context.work[choice]
-        if level == len(walk.ways) - 1:
-            walk.count(1, context)
-            out.append(((context.label(choice),), here))
-            continue
-        for states in itertools.product(*(range(len(tree.states)) for tree in trees)):
-            child = walk.next(context, choice, _tensor_states(walk, context, scope, trees,
-                                                              states), level)
-            below = _joint_choices(walk, child, scope,
-                                   [tree.children[s] for tree, s in zip(trees, states)],
-                                   level + 1)
-            for key, vectors in below:
-                out.append(((context.label(choice), states) + key,
-                            _lift(trees, states, here, vectors)))
-    return out
-
-
-def _tensor_states(walk: "_Walk", context: _Context, scope, trees, states
-                   ) -> dict[str, OutputState]:
-    """The stored state of each of the op's tensors in a scope group."""
-    position = {g: i for i, g in enumerate(scope)}
-    out = {}
-    for tensor in context.problem.tensors:
-        i = position.get(walk.coarse.group_of[tensor])
-        if i is not None:
-            out[tensor] = trees[i].states[states[i]]
-    return out
-
-
-def _lift(trees, states, here, below) -> list[np.ndarray]:
-    """Vectors over a tree's leaves: this level's cost plus the deeper one below the
-    chosen state, +inf on every other leaf."""
-    out = []
-    for tree, s, cost, deeper in zip(trees, states, here, below):
-        vector = np.full(tree.size, np.inf)
-        vector[tree.offsets[s]:tree.offsets[s + 1]] = cost[s] + deeper
-        out.append(vector)
-    return out
 
 
 @dataclass(frozen=True)
@@ -325,7 +354,7 @@ class JointModel:
         _, chosen = self.model.evaluate(leaves)
         paths = [tree.path(leaf) for tree, leaf in zip(self.trees, leaves)]
         return [(tuple(path[level] for path in paths),
-                 {op: self.keys[op][c][2 * level] for op, c in chosen.items()})
+                 {op: self.keys[op][c][level] for op, c in chosen.items()})
                 for level in range(count)]
 
     def plan_cost(self, result: SearchResult) -> float:
@@ -336,7 +365,7 @@ class JointModel:
             scope = self.model.op_scope(op)
             if not scope:
                 continue
-            key = _plan_key(result, op, scope)
+            key = _plan_key(result, op)
             entries = choices[self.keys[op].index(key)]
             total += sum(float(v[leaves[self.model.coarse.group_of[t]]]) for t, v in entries)
         return total
@@ -376,11 +405,8 @@ class JointModel:
         return solution.assignment
 
 
-def _plan_key(result: SearchResult, op: str, scope: tuple[int, ...]) -> tuple:
-    key: tuple = ()
-    for level in result.levels[:-1]:
-        key += (level.choices[op], tuple(level.assignment[g] for g in scope))
-    return key + (result.levels[-1].choices[op],)
+def _plan_key(result: SearchResult, op: str) -> tuple:
+    return tuple(level.choices[op] for level in result.levels)
 
 
 class JointTooLarge(TofuError):
@@ -410,11 +436,9 @@ def joint_model(graph: Graph, topology: Topology, *,
     base, ways, coarse = root.problem, topology.ways, root.coarse      # with the views
     scopes = {op.name: tuple(sorted({coarse.group_of[t] for t in op.inputs + op.outputs}))
               for op in base.ops}
-    if len(ways) > 1:       # each level-1 choice under each state of its groups: >= 1 each
-        least = sum(len(root.vectors[op]) * math.prod(root.domains[g] for g in scope)
-                    for op, scope in scopes.items())
-        if least > max_joint_choices:
-            raise JointTooLarge.of(f"at least {least}, more than {max_joint_choices},", ways)
+    least = sum(len(choices) for choices in root.vectors.values())   # >= 1 chain each
+    if least > max_joint_choices:
+        raise JointTooLarge.of(f"at least {least}, more than {max_joint_choices},", ways)
     trees = tuple(state_tree(base.tensors[members[0]], base, ways)
                   for members in coarse.members)
     walk = _Walk(base, coarse, ways, max_joint_choices, root.flop_bytes,
@@ -422,8 +446,7 @@ def joint_model(graph: Graph, topology: Topology, *,
     vectors, keys = {}, {}
     for op in base.ops:
         scope = scopes[op.name]
-        choices = _joint_choices(walk, walk.root(root, op), scope,
-                                 [trees[g] for g in scope], 0)
+        choices = walk.chains(root, op, scope, [trees[g] for g in scope])
         keys[op.name] = [key for key, _ in choices]
         vectors[op.name] = [[(coarse.members[g][0], v) for g, v in zip(scope, joint)]
                             for _, joint in choices]

@@ -29,7 +29,7 @@ from tofu_tf.op_semantics.localize import LocalOp, localize
 from tofu_tf.op_semantics.memo import SemanticsMemo
 from tofu_tf.op_semantics.registry import Semantics
 from tofu_tf.search.cost import (ALL_REDUCE_FACTOR, REDUCE_SCATTER_FACTOR, Box, box_volume,
-                                 overlaps, partners, tensor_states)
+                                 overlaps, partners, tensor_states, union_volume)
 
 REPLICATE = "replicate"
 
@@ -234,11 +234,17 @@ def _inside(box: Box, shape: tuple[int, ...]) -> bool:
 
 def fetch_extra(needs, window: Box | None, shape) -> int:
     """Elements the parts read from outside the stored part (`needs` clamped to the
-    window only) beyond the one copy of the window's outside an outer level delivered."""
+    window only) beyond the one copy of it an outer level delivered: of the window's
+    outside, or of the union of the needs where they do not cover the window (a strided
+    read leaves gaps), so never less than 0."""
     if window is None:
         return 0
+    extra = (sum(box_volume(b) - box_volume(clamp_slices(b, shape)) for b in needs)
+             - (box_volume(window) - box_volume(clamp_slices(window, shape))))
+    if extra >= 0 and union_volume(needs) == box_volume(window):
+        return extra
     return (sum(box_volume(b) - box_volume(clamp_slices(b, shape)) for b in needs)
-            - (box_volume(window) - box_volume(clamp_slices(window, shape))))
+            - union_volume(needs) + union_volume([clamp_slices(b, shape) for b in needs]))
 
 
 def _whole(shape) -> Box:
