@@ -84,20 +84,25 @@ def box_volume(box: Box) -> int:
 def union_volume(boxes) -> int:
     """The volume of the union of `boxes`, by inclusion-exclusion over the intersections
     that are not empty (boxes of parts meet their neighbours only: few are)."""
-    def from_(start: int, meet: Box, sign: int) -> int:
+    boxes = [box for box in dict.fromkeys(boxes) if box_volume(box)]
+
+    def meet(one: Box, other: Box) -> Box | None:
+        out = []
+        for (a, b), (c, d) in zip(one, other):
+            start, stop = (a if a > c else c), (b if b < d else d)
+            if stop <= start:
+                return None
+            out.append((start, stop))
+        return tuple(out)
+
+    def after(start: int, common: Box, sign: int) -> int:
         total = 0
         for i in range(start, len(boxes)):
-            both = tuple((max(a, c), min(b, d)) for (a, b), (c, d) in zip(meet, boxes[i]))
-            volume = box_volume(both)
-            if volume:
-                total += sign * volume + from_(i + 1, both, -sign)
+            both = meet(common, boxes[i])
+            if both is not None:
+                total += sign * box_volume(both) + after(i + 1, both, -sign)
         return total
-    total = 0
-    for i, box in enumerate(boxes):
-        volume = box_volume(box)
-        if volume:
-            total += volume + from_(i + 1, box, -1)
-    return total
+    return sum(box_volume(box) + after(i + 1, box, -1) for i, box in enumerate(boxes))
 
 
 def part_bounds(n: int, k: int) -> np.ndarray:

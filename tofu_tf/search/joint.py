@@ -45,8 +45,8 @@ from tofu_tf.search.coarsen import CoarseGraph, coarsen
 from tofu_tf.search.ilp import DEFAULT_TIME_LIMIT, ilp_minimum, merged_vectors
 from tofu_tf.search.level import LevelModel, choice_work, level_models
 from tofu_tf.search.problem import (Choice, Problem, ProblemOp, SearchCache, TensorSpec,
-                                    clamp_box, cost_vectors, fetch_extra, make_choice,
-                                    sub_problem, viewed)
+                                    clamp_box, cost_vectors, fetch_extra, geometry,
+                                    make_choice, sub_problem, viewed)
 from tofu_tf.search.topology import Topology
 
 MAX_JOINT_CHOICES = 1_000_000        # joint choices summed over ops, before giving up
@@ -176,7 +176,6 @@ class _Walk:
             if vectors and work[choice]:            # the choice's work, on its first group
                 vectors[0] = vectors[0] + scale * work[choice]
             if last:
-                self.count(op)
                 out.append(((chosen.label,), vectors))
                 continue
             local, local_nodes, local_work = self._below(problem, chosen.label, below,
@@ -187,11 +186,18 @@ class _Walk:
                             [v + d for v, d in zip(vectors, deeper)]))
         return out
 
-    def count(self, op: ProblemOp) -> None:
-        self.choices += 1
+    def count(self, op: ProblemOp, more: int) -> None:
+        self.choices += more
         if self.choices > self.limit:
             raise JointTooLarge.of(f"more than {self.limit}", self.ways, node=op.name,
                                    op_type=op.sem.op_type)
+
+    def kind(self, spec: TensorSpec) -> tuple:
+        """What a tensor's states, state tree and vectors depend on: its shape, whether it
+        is a view and whether it may be replicated whatever its size."""
+        view = spec.name in self.base.views
+        return (spec.shape, view,
+                (viewed(spec.name) if view else spec.name) in self.base.replicable)
 
     def _problem(self, k: int, op: ProblemOp | None, tensors: dict[str, TensorSpec],
                  choices: list[Choice] | None = None) -> Problem:
@@ -230,7 +236,7 @@ class _Walk:
             for slot, tensor in slots[n]:
                 spec = node.tensors.get(tensor)
                 if spec is not None:
-                    bytes_, transfers = self.vectors[template, n, slot, self._kind(spec)]
+                    bytes_, transfers = self.vectors[template, n, slot, self.kind(spec)]
                     out = bytes_ + price * transfers if out is None else \
                         out + bytes_ + price * transfers
             return out
@@ -258,17 +264,11 @@ class _Walk:
                                    whole)
         return key
 
-    def _kind(self, spec: TensorSpec) -> tuple:
-        """What a tensor's vectors depend on: its shape and what its states do."""
-        view = spec.name in self.base.views
-        return (spec.shape, view,
-                (viewed(spec.name) if view else spec.name) in self.base.replicable)
-
     def _cost(self, op: ProblemOp, k: int, template: tuple,
               tensors: dict[str, TensorSpec]) -> None:
         """Each choice's (bytes, transfers) per tensor at these shapes, into `vectors`."""
         chosen = self.templates[template][1]
-        keys = [[(template, n, slot, self._kind(tensors[t])) for slot, t in _slots(c, op)]
+        keys = [[(template, n, slot, self.kind(tensors[t])) for slot, t in _slots(c, op)]
                 for n, c in enumerate(chosen)]
         if all(key in self.vectors for row in keys for key in row):
             return
@@ -434,20 +434,35 @@ def joint_model(graph: Graph, topology: Topology, *,
     coarse = coarse if coarse is not None else coarsen(graph, entries)
     root = next(level_models(graph, topology, entries, coarse, options, storage, cache))
     base, ways, coarse = root.problem, topology.ways, root.coarse      # with the views
-    scopes = {op.name: tuple(sorted({coarse.group_of[t] for t in op.inputs + op.outputs}))
-              for op in base.ops}
     least = sum(len(choices) for choices in root.vectors.values())   # >= 1 chain each
     if least > max_joint_choices:
         raise JointTooLarge.of(f"at least {least}, more than {max_joint_choices},", ways)
-    trees = tuple(state_tree(base.tensors[members[0]], base, ways)
-                  for members in coarse.members)
     walk = _Walk(base, coarse, ways, max_joint_choices, root.flop_bytes,
                  root.transfer_bytes / math.prod(ways[1:]))
-    vectors, keys = {}, {}
+    made_trees: dict = {}                              # tensor kind -> its state tree
+    for members in coarse.members:
+        spec = base.tensors[members[0]]
+        if walk.kind(spec) not in made_trees:
+            made_trees[walk.kind(spec)] = state_tree(spec, base, ways)
+    trees = tuple(made_trees[walk.kind(base.tensors[members[0]])]
+                  for members in coarse.members)
+    vectors, keys, made = {}, {}, {}
     for op in base.ops:
-        scope = scopes[op.name]
-        choices = walk.chains(root, op, scope, [trees[g] for g in scope])
-        keys[op.name] = [key for key, _ in choices]
+        # the groups in the order the op's tensors first meet them: equal geometries
+        # (choices and vectors), group patterns and trees have equal chains
+        tensors = op.inputs + op.outputs
+        scope = tuple(dict.fromkeys(coarse.group_of[t] for t in tensors))
+        geo = geometry(base, op)
+        key = None if geo is None else (geo, tuple(scope.index(coarse.group_of[t])
+                                                   for t in tensors),
+                                        tuple(id(trees[g]) for g in scope))
+        choices = made.get(key)
+        if choices is None:
+            choices = walk.chains(root, op, scope, [trees[g] for g in scope])
+            if key is not None:
+                made[key] = choices
+        walk.count(op, len(choices))
+        keys[op.name] = [labels for labels, _ in choices]
         vectors[op.name] = [[(coarse.members[g][0], v) for g, v in zip(scope, joint)]
                             for _, joint in choices]
     model = LevelModel(None, coarse, vectors, [tree.size for tree in trees])

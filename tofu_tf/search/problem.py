@@ -239,12 +239,11 @@ def fetch_extra(needs, window: Box | None, shape) -> int:
     read leaves gaps), so never less than 0."""
     if window is None:
         return 0
-    extra = (sum(box_volume(b) - box_volume(clamp_slices(b, shape)) for b in needs)
-             - (box_volume(window) - box_volume(clamp_slices(window, shape))))
-    if extra >= 0 and union_volume(needs) == box_volume(window):
-        return extra
-    return (sum(box_volume(b) - box_volume(clamp_slices(b, shape)) for b in needs)
-            - union_volume(needs) + union_volume([clamp_slices(b, shape) for b in needs]))
+    outside = sum(box_volume(b) - box_volume(clamp_slices(b, shape)) for b in needs)
+    if union_volume(needs) == box_volume(window):
+        return outside - (box_volume(window) - box_volume(clamp_slices(window, shape)))
+    return (outside - union_volume(needs)
+            + union_volume([clamp_slices(b, shape) for b in needs]))
 
 
 def _whole(shape) -> Box:
