@@ -5,7 +5,8 @@ import pytest
 
 from tofu_tf.op_semantics.analysis import REPLICATED, Partial, Split
 from tofu_tf.cc.reference import overlaps_numpy
-from tofu_tf.search.cost import CostModel, tensor_states
+from tofu_tf.search.cost import CostModel, tensor_states, union_volume
+from tofu_tf.search.problem import fetch_extra
 
 
 def _rows(k, n=8, cols=6):
@@ -45,6 +46,31 @@ def test_states_keep_large_tensors_partitioned():
     assert tensor_states((8, 6), 4) == (Split(0), Split(1))
     assert tensor_states((3, 2), 4) == (REPLICATED,)
     assert tensor_states((8, 6), 4, 100) == (Split(0), Split(1), REPLICATED)
+
+
+def test_union_volume_against_brute_force():
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        boxes = []
+        for _ in range(int(rng.integers(1, 7))):
+            boxes.append(tuple(tuple(sorted(int(v) for v in rng.integers(-2, 7, 2)))
+                               for _ in range(3)))
+        covered = set()
+        for box in boxes:
+            covered |= {(i, j, k) for i in range(*box[0]) for j in range(*box[1])
+                        for k in range(*box[2])}
+        assert union_volume(boxes) == len(covered)
+
+
+def test_fetch_extra_counts_each_copy_past_the_delivered_one():
+    """The parts' reads from outside the stored part (shape), beyond the one copy of them
+    an outer level delivered: the window's outside where the reads cover the window; the
+    reads' own outside where a strided read leaves gaps (never below 0)."""
+    window = ((0, 10),)
+    assert fetch_extra([((0, 6),), ((4, 10),)], window, (6,)) == 0       # halo inside
+    assert fetch_extra([((0, 8),), ((6, 10),)], window, (5,)) == 2       # 6, 7 twice
+    assert fetch_extra([((0, 2),), ((8, 10),)], window, (5,)) == 0       # gaps: 2-7 unread
+    assert fetch_extra([((0, 2),), ((8, 10),), ((7, 9),)], window, (5,)) == 1   # 8 twice
 
 
 def test_overlaps_against_brute_force():

@@ -20,8 +20,11 @@ pytestmark = pytest.mark.skipif(not _forking.available(), reason="the platform c
 
 
 # The fewest-bytes plans (no price on repeated work) replicate the MLP's variables, so
-# the partitioned policy's child has a plan to return.
-BYTES = Options(flop_bytes=0.0)
+# the partitioned policy's child has a plan to return. The tests that count or alter the
+# recursions the policies run leave out the joint search (search/joint.py), which runs
+# one more in the parent.
+BYTES = Options(flop_bytes=0.0, joint_choices=0)
+RECURSION = Options(joint_choices=0)
 
 
 @pytest.fixture(scope="module")
@@ -118,10 +121,10 @@ def test_a_plan_from_the_child_gets_its_last_level_back(graph, forked, monkeypat
         return dataclasses.replace(result, levels=levels, replicates_variables=True)
 
     monkeypatch.setattr(recursive, "_recurse", costly_here)
-    result = recursive.search(graph, Topology.default(8))
+    result = recursive.search(graph, Topology.default(8), options=RECURSION)
     monkeypatch.undo()
-    here = recursive.search(graph, Topology.default(8),
-                            options=Options(variable_storage=VariableStorage.PARTITIONED))
+    here = recursive.search(graph, Topology.default(8), options=dataclasses.replace(
+        RECURSION, variable_storage=VariableStorage.PARTITIONED))
     assert result.variable_storage is VariableStorage.PARTITIONED and result.last is not None
     device, expected = (recursive.device_problem(*r.last) for r in (result, here))
     assert {n: t.shape for n, t in device.tensors.items()} == \

@@ -2,26 +2,27 @@
 `Options.joint_choices` where the search solves it): the recursion fixes level 1 before it
 solves level 2; the joint problem minimises total = c_1 + k_1 c_2 + k_1 k_2 c_3 + ...
 (c_l: level l's bytes, its choices' work and its transfers' price, search/level.py)
-over all levels' states and choices at once. It is a product-domain problem of the same
-form. A group's joint state is a path (X_1, X_2, ...) through its state tree: X_1 a
+over all levels' states and choices at once. It is a problem of the same form as one
+level. A group's joint state is a path (X_1, X_2, ...) through its state tree: X_1 a
 level-1 state, X_2 a state of the level-2 tensor shape that X_1 leaves, and so on. An op's
-joint choice is ((c_1, K_1), (c_2, K_2), ..., c_L), with K_l the level-l states of the
-op's groups (the groups of all its tensors: a deeper local op kept whole may read one,
-such as a shape input, that level 1 does not). The level-(l+1) op is part 0's local op
-under c_l and its tensors take the part shapes under K_l (exactly `problem.sub_problem`,
-restricted to one op), so its choices and vectors depend on (c_1, K_1, ..., c_l, K_l)
-only. The joint vector of group g is sum_l k_1...k_{l-1} v_l[X_l] on the paths through
-K_1[g], ..., K_{L-1}[g] and +inf elsewhere. `dp.solve` minimises it through the op tables
-(min over joint choices), the ILP (search/ilp.py) through the choices; both are exact and
-must agree. `JointModel.plan_cost` prices a recursive plan in it: equal to its objective.
-`exact.recursion_under` reruns the recursion with level 1 fixed to the joint optimum's
-(`JointModel.first_level`): where it meets the joint optimum, the recursion's gap is
-all in level 1, chosen by its own cost without the levels below.
+joint choice is a chain (c_1, c_2, ..., c_L): c_{l+1} a choice of part 0's local op under
+c_l (`problem.sub_problem`; the local op depends on the outer choices only). The level-l
+choice's bytes for a tensor depend on the choice, the tensor and its part shape there
+(`cost_vectors` per tensor), which its group's states X_1..X_{l-1} fix: so the chain's
+vector for group g, over the group's leaves, is sum_l k_1...k_{l-1} v_l[X_l] with v_l
+taken at the part shape of the leaf's path, and the op's cost is the sum over its groups,
+as at one level. `dp.solve` minimises it through the op tables (min over chains), the ILP
+(search/ilp.py) through the chains; both are exact and must agree. `JointModel.plan_cost`
+prices a recursive plan in it: equal to its objective. `exact.recursion_under` reruns the
+recursion with level 1 fixed to the joint optimum's (`JointModel.first_level`): where it
+meets the joint optimum, the recursion's gap is all in level 1, chosen by its own cost
+without the levels below.
 
-Limits: the joint problem enumerates, per op, every level-l choice under every state
-combination of the op's groups at every level before the last. That suits tiny graphs at
-2x2 devices (the tiny reference models take seconds) and the smallest at 2x2x2; past
-`max_joint_choices` (summed over ops) it raises rather than run for hours.
+Limits: chains multiply the levels' choice counts (tens per op at 2 levels, a hundred or
+more at 3), and a group's leaves the levels' state counts, so the op tables grow with the
+product of their groups' leaves: the tiny reference models take a second or a few at 2
+levels; at 3 the Transformer's and WResNet's take minutes (bench/results/search.md).
+Past `max_joint_choices` chains (summed over ops) it raises rather than run for hours.
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ from tofu_tf.search.problem import (Choice, Problem, ProblemOp, SearchCache, Ten
 from tofu_tf.search.topology import Topology
 
 MAX_JOINT_CHOICES = 1_000_000        # joint choices summed over ops, before giving up
+# Most chains x groups x table entries of one op: the DP's op table holds that many
+# numbers while it takes the min over chains (level._min_table).
+MAX_OP_TABLE = 2 ** 24
 UNBOUNDED = 2 ** 40                  # a dim no box reaches past, for shape-free choices
 
 
@@ -128,14 +132,14 @@ class _Walk:
     a vector per group over the group's leaves, and the joint problem keeps the form of
     one level. Shapes enter a choice only through `clamp_box`, and clamping to unbounded
     shapes and then (offset 0) to the real ones is clamping to the real ones: each local
-    op is localized once, and each (choice, tensor, shape) costed once."""
+    op is localized once, and each (template, choice, slot, tensor kind) costed once."""
     base: Problem
     coarse: CoarseGraph
     ways: tuple[int, ...]
     limit: int                                         # most joint choices in all
     flop_bytes: float                                  # the price of repeated work
     transfer_bytes: float              # the price of one transfer between two devices
-    levels: dict = field(default_factory=dict)         # (id(op), label) -> _Level below
+    levels: dict = field(default_factory=dict)         # (id(op), label) -> (op, local op)
     templates: dict = field(default_factory=dict)      # template -> (op, choices, whole)
     vectors: dict = field(default_factory=dict)   # (template, choice, slot, tensor kind)
     #                                                 -> (bytes, transfers)
@@ -410,15 +414,24 @@ def _plan_key(result: SearchResult, op: str) -> tuple:
 
 
 class JointTooLarge(TofuError):
-    """The joint problem has more joint choices than its limit."""
+    """The joint problem has more joint choices than its limit, or an op table past the
+    DP's."""
 
     @classmethod
     def of(cls, count: str, ways: tuple[int, ...], **where) -> "JointTooLarge":
-        return cls(f"the joint problem has {count} joint choices (op choices under every "
-                   f"state combination of their groups at {len(ways)} levels "
+        return cls(f"the joint problem has {count} joint choices (chains of one choice per "
+                   f"level, summed over ops, at {len(ways)} levels "
                    f"{'x'.join(map(str, ways))}); it is meant for tiny graphs.",
                    fix="use fewer devices or a smaller model, or raise max_joint_choices.",
                    **where)
+
+    @classmethod
+    def table(cls, chains: int, cells: int, ways: tuple[int, ...], **where
+              ) -> "JointTooLarge":
+        return cls(f"an op's joint table has {cells} entries (the product of its groups' "
+                   f"joint states at {'x'.join(map(str, ways))}) for each of its about {chains} "
+                   f"chains, more than {MAX_OP_TABLE} in all; it is meant for tiny graphs.",
+                   fix="use fewer levels or devices, or a smaller model.", **where)
 
 
 def joint_model(graph: Graph, topology: Topology, *,
@@ -434,9 +447,6 @@ def joint_model(graph: Graph, topology: Topology, *,
     coarse = coarse if coarse is not None else coarsen(graph, entries)
     root = next(level_models(graph, topology, entries, coarse, options, storage, cache))
     base, ways, coarse = root.problem, topology.ways, root.coarse      # with the views
-    least = sum(len(choices) for choices in root.vectors.values())   # >= 1 chain each
-    if least > max_joint_choices:
-        raise JointTooLarge.of(f"at least {least}, more than {max_joint_choices},", ways)
     walk = _Walk(base, coarse, ways, max_joint_choices, root.flop_bytes,
                  root.transfer_bytes / math.prod(ways[1:]))
     made_trees: dict = {}                              # tensor kind -> its state tree
@@ -446,12 +456,24 @@ def joint_model(graph: Graph, topology: Topology, *,
             made_trees[walk.kind(spec)] = state_tree(spec, base, ways)
     trees = tuple(made_trees[walk.kind(base.tensors[members[0]])]
                   for members in coarse.members)
+    # each op's groups in the order its tensors first meet them: equal geometries
+    # (choices and vectors), group patterns and trees have equal chains
+    scopes = {op.name: tuple(dict.fromkeys(coarse.group_of[t] for t in op.inputs + op.outputs))
+              for op in base.ops}
+    cells = {op: math.prod(trees[g].size for g in scope) for op, scope in scopes.items()}
+    # Before any walk: about c^L chains per op of c choices (deeper local ops have about
+    # as many), so a problem far past the limits is told at once (the walk counts exactly).
+    about = {op: len(root.vectors[op]) ** len(ways) for op in scopes}
+    if sum(about.values()) > max_joint_choices:
+        raise JointTooLarge.of(f"about {sum(about.values())}, more than "
+                               f"{max_joint_choices},", ways)
+    for op in base.ops:
+        if about[op.name] * len(scopes[op.name]) * cells[op.name] > MAX_OP_TABLE:
+            raise JointTooLarge.table(about[op.name], cells[op.name], ways, node=op.name,
+                                      op_type=op.sem.op_type)
     vectors, keys, made = {}, {}, {}
     for op in base.ops:
-        # the groups in the order the op's tensors first meet them: equal geometries
-        # (choices and vectors), group patterns and trees have equal chains
-        tensors = op.inputs + op.outputs
-        scope = tuple(dict.fromkeys(coarse.group_of[t] for t in tensors))
+        tensors, scope = op.inputs + op.outputs, scopes[op.name]
         geo = geometry(base, op)
         key = None if geo is None else (geo, tuple(scope.index(coarse.group_of[t])
                                                    for t in tensors),
@@ -462,6 +484,9 @@ def joint_model(graph: Graph, topology: Topology, *,
             if key is not None:
                 made[key] = choices
         walk.count(op, len(choices))
+        if len(choices) * len(scope) * cells[op.name] > MAX_OP_TABLE:
+            raise JointTooLarge.table(len(choices), cells[op.name], ways, node=op.name,
+                                      op_type=op.sem.op_type)
         keys[op.name] = [labels for labels, _ in choices]
         vectors[op.name] = [[(coarse.members[g][0], v) for g, v in zip(scope, joint)]
                             for _, joint in choices]
