@@ -360,7 +360,9 @@ def table(stored: dict) -> str:
                          f"{joint} | {gaps[0]} | {gaps[1]} | {under} |")
         lines.append("\nRecursion: each level fixed before the next (`Options(joint_choices=0)`)"
                      "; search: the default, all levels at once where the joint problem has at "
-                     "most `Options.joint_choices` (10000) joint choices, marked (joint). The "
+                     "most `Options.joint_choices` (10000) joint choices (chains of one choice "
+                     "per level, summed over ops) and its op tables fit (search/joint.py), "
+                     "marked (joint). The "
                      "last column fixes level 1 (states and choices) to the joint optimum's and"
                      " solves the levels below: equal to the joint optimum, the whole gap is "
                      "level 1 chosen by its own cost alone.")
