@@ -461,9 +461,11 @@ def joint_model(graph: Graph, topology: Topology, *,
     scopes = {op.name: tuple(dict.fromkeys(coarse.group_of[t] for t in op.inputs + op.outputs))
               for op in base.ops}
     cells = {op: math.prod(trees[g].size for g in scope) for op, scope in scopes.items()}
-    # Before any walk: about c^L chains per op of c choices (deeper local ops have about
-    # as many), so a problem far past the limits is told at once (the walk counts exactly).
-    about = {op: len(root.vectors[op]) ** len(ways) for op in scopes}
+    # Before any walk: about prod_l c_l chains per op, c_l its strategies valid at level l's
+    # cut and `replicate` (its local ops have about as many), so a problem far past the
+    # limits is told at once (the walk counts exactly).
+    about = {op.name: len(root.vectors[op.name]) * math.prod(
+        1 + sum(s.valid_for(k) for s in op.strategies) for k in ways[1:]) for op in base.ops}
     if sum(about.values()) > max_joint_choices:
         raise JointTooLarge.of(f"about {sum(about.values())}, more than "
                                f"{max_joint_choices},", ways)
