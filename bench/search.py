@@ -26,6 +26,10 @@ Sections (each merged into bench/results/search.json; the tables go to search.md
   how much of the search's excess is on tensors that two or more ops read from other
   devices (the emitter sends a region a device lacks once, whoever reads it); without and
   with `Options.shared_reads` (views: such a tensor priced once).
+- stock: every stock Keras model of tofu_tf.models.keras_models (batch 8, its small
+  test sizes) at 4, 6 and 8 devices (`Topology.default`: 2x2, 3x2, 2x2x2): the default
+  search against the recursion alone (`Options(joint_choices=0)`), bytes and seconds, and
+  whether the plan is the joint optimum of all levels.
 
 Each section records the machine it last ran on: the CPU, and the median seconds of a
 fixed interpreter loop that uses none of this package (`common.reference_loop_seconds`),
@@ -341,6 +345,26 @@ def table(stored: dict) -> str:
         for name, row in sorted(stored["loaded"].items()):
             lines.append(f"| {name} | {row['idle']:.2f} | {row['loaded']:.2f} | "
                          f"{row['slowdown']:.2f}x |")
+    if stored.get("stock"):
+        rows = stored["stock"]
+        joint = {k: r for k, r in rows.items() if r["joint"]}
+        lines += ["", "| stock Keras model @ devices | ops | search B (joint) | search s | "
+                      "recursion B | recursion s | search / recursion |", "|---|---|---|---|---|---|---|"]
+        for name, row in sorted(joint.items()):
+            lines.append(f"| {name} | {row['ops']} | {row['search_bytes']:.0f} | "
+                         f"{row['search_seconds']:.2f} | {row['recursion_bytes']:.0f} | "
+                         f"{row['recursion_seconds']:.2f} | "
+                         f"{row['search_bytes'] / row['recursion_bytes']:.3f} |")
+        others = [r for r in rows.values() if not r["joint"]]
+        ratios = sorted(r["search_seconds"] / r["recursion_seconds"] for r in others)
+        lines.append(f"\nStock Keras models (tofu_tf.models.keras_models, batch 8) at 4, 6, 8 "
+                     f"devices (`Topology.default`): {len(rows)} searches; the rows are the "
+                     f"{len(joint)} whose plan is the joint optimum of all levels (the joint "
+                     f"problem fits `Options.joint_choices`). On the other {len(others)} the "
+                     f"plan is the recursion's ({sum(r['search_bytes'] == r['recursion_bytes'] for r in others)} "
+                     f"with the same bytes), search time / recursion alone: "
+                     f"median {statistics.median(ratios):.2f}, largest {ratios[-1]:.2f} "
+                     f"(one run each).")
     if stored.get("gap"):
         lines += ["", "| tiny model @ topology | recursion B | search B | search s | "
                       "joint optimum B | recursion gap | search gap | "
@@ -405,6 +429,40 @@ def table(stored: dict) -> str:
     return "\n".join(lines)
 
 
+def stock() -> dict:
+    """Per stock Keras model and device count: the default search (all levels at once
+    where the joint problem fits) against the recursion alone, one run each."""
+    from tofu_tf.importer.graphdef_io import import_concrete_function
+    from tofu_tf.models.keras_models import KERAS_MODELS, build_keras_step
+    from tofu_tf.op_semantics.catalog import catalog
+    from tofu_tf.options import Options
+    from tofu_tf.search.recursive import search
+    from tofu_tf.search.topology import Topology
+    out = {}
+    for name in KERAS_MODELS:
+        step = build_keras_step(name, batch_size=8)       # alive: its variables
+        graph = import_concrete_function(step.concrete_function()).graph
+        entries = catalog(graph)
+        for devices in (4, 6, 8):
+            topology = Topology.default(devices)
+            start = time.perf_counter()
+            plan = search(graph, topology, entries=entries)
+            middle = time.perf_counter()
+            recursion = search(graph, topology, entries=entries,
+                               options=Options(joint_choices=0))
+            row = {"ops": len(graph), "search_bytes": plan.objective, "joint": plan.joint,
+                   "search_seconds": middle - start,
+                   "recursion_bytes": recursion.objective,
+                   "recursion_seconds": time.perf_counter() - middle}
+            out[f"{name}@{devices}"] = row
+            print(f"{name} @ {devices}: {row['search_bytes']:.0f} B "
+                  f"({'joint' if plan.joint else 'recursion'}) in "
+                  f"{row['search_seconds']:.2f} s; recursion {row['recursion_bytes']:.0f} B "
+                  f"in {row['recursion_seconds']:.2f} s", flush=True)
+        del step
+    return out
+
+
 def main(argv) -> int:
     del argv
     if FLAGS.e2e_child:
@@ -417,7 +475,7 @@ def main(argv) -> int:
             "end_to_end": ("end_to_end", lambda: end_to_end(FLAGS.repeats)),
             "backends": ("backends", lambda: backends(FLAGS.repeats)),
             "loaded": ("loaded", lambda: loaded(FLAGS.repeats)), "gap": ("gap", gap),
-            "accounts": ("accounts", accounts)}
+            "accounts": ("accounts", accounts), "stock": ("stock", stock)}
     if sections - runs.keys():
         raise app.UsageError(f"unknown --sections {sorted(sections - runs.keys())}; "
                              f"choose from {sorted(runs)}")
