@@ -240,10 +240,10 @@ def fetch_extra(needs, window: Box | None, shape) -> int:
     if window is None:
         return 0
     outside = sum(box_volume(b) - box_volume(clamp_slices(b, shape)) for b in needs)
-    if union_volume(needs) == box_volume(window):
-        return outside - (box_volume(window) - box_volume(clamp_slices(window, shape)))
-    return (outside - union_volume(needs)
-            + union_volume([clamp_slices(b, shape) for b in needs]))
+    read = union_volume(needs)
+    if read == box_volume(window):
+        return outside - (read - box_volume(clamp_slices(window, shape)))
+    return outside - read + union_volume([clamp_slices(b, shape) for b in needs])
 
 
 def _whole(shape) -> Box:
