@@ -285,27 +285,41 @@ def _min_table(per_choice: list[list[tuple[int, np.ndarray, np.ndarray]]], shape
             pieces.append(vector)
             counts.append(count)
     cells = math.prod(shape)
-    if pieces:
+    if not pieces:
+        sums = moving = np.zeros((n_choices, width))
+    else:
         flat, where = np.concatenate(pieces), np.array(index, dtype=np.intp)
         sums = np.bincount(where, flat, n_choices * width).reshape(n_choices, width)
         moving = np.bincount(where, np.concatenate(counts),
                              n_choices * width).reshape(n_choices, width)
-        tables = sums[:, states].sum(axis=1)
-        transfers = moving[:, states].sum(axis=1).astype(np.int64)
-    else:
-        tables = np.zeros((n_choices, cells))
-        transfers = np.zeros((n_choices, cells), dtype=np.int64)
-    if transfer_bytes:
-        tables = tables + transfer_bytes * transfers
-    if work is not None and work.any():
-        tables = tables + work.reshape(-1, 1)
-    least = tables.min(axis=0)
-    argmin = np.where(tables == least, transfers, _MOST).argmin(axis=0)
-    chosen = transfers[argmin, np.arange(cells)]
+    # Chunks of choices keep the [choices, axes, cells] gather within _CHUNK numbers; a
+    # later chunk replaces the running argmin only where it is strictly better, so the tie
+    # rule is the same as over all choices at once.
+    step = max(1, _CHUNK // (cells * max(1, len(shape))))
+    least = chosen = argmin = None
+    for start in range(0, n_choices, step):
+        stop = min(n_choices, start + step)
+        tables = sums[start:stop][:, states].sum(axis=1)
+        transfers = moving[start:stop][:, states].sum(axis=1).astype(np.int64)
+        if transfer_bytes:
+            tables += transfer_bytes * transfers
+        if work is not None:
+            tables += work[start:stop].reshape(-1, 1)
+        low = tables.min(axis=0)
+        pick = np.where(tables == low, transfers, _MOST).argmin(axis=0)
+        fewest = transfers[pick, np.arange(cells)]
+        if least is None:
+            least, argmin, chosen = low, pick, fewest
+            continue
+        better = (low < least) | ((low == least) & (fewest < chosen))
+        least = np.where(better, low, least)
+        argmin = np.where(better, pick + start, argmin)
+        chosen = np.where(better, fewest, chosen)
     return least.reshape(shape), argmin.reshape(shape), chosen.reshape(shape)
 
 
 _MOST = np.iinfo(np.int64).max
+_CHUNK = 2 ** 23                        # numbers gathered at once by _min_table
 
 
 @functools.lru_cache(maxsize=None)
