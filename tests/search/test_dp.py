@@ -96,3 +96,44 @@ def test_wide_factors_past_numpy_dimension_limit():
     assert solution.exact
     assert solution.cost == float((left.table + right.table).min())
     assert abs(evaluate([left, right], solution.assignment) - solution.cost) < 1e-9
+
+
+@st.composite
+def choice_terms(draw):
+    shape = [draw(st.integers(1, 4)) for _ in range(draw(st.integers(0, 3)))]
+    small = st.integers(0, 2)           # few values: many ties between choices
+    per_choice = []
+    for _ in range(draw(st.integers(1, 8))):
+        terms = []
+        for _ in range(draw(st.integers(0, 3)) if shape else 0):
+            axis = draw(st.integers(0, len(shape) - 1))
+            vector = np.array(draw(st.lists(small, min_size=shape[axis],
+                                            max_size=shape[axis])), dtype=float)
+            terms.append((axis, vector, (vector > 0).astype(np.int64)))
+        per_choice.append(terms)
+    work = draw(st.one_of(st.none(), st.lists(small, min_size=len(per_choice),
+                                              max_size=len(per_choice))))
+    return (shape, per_choice, None if work is None else np.array(work, dtype=float),
+            float(draw(small)), draw(st.integers(1, 40)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(choice_terms())
+def test_op_tables_are_the_brute_force_min_over_choices(case):
+    """Per cell: least cost, then fewest transfers, then the first choice, whichever
+    chunks the choices are taken in."""
+    from tofu_tf.search import level
+    shape, per_choice, work, transfer_bytes, chunk = case
+    saved, level._CHUNK = level._CHUNK, chunk
+    try:
+        least, argmin, chosen = level._min_table(per_choice, shape, work, transfer_bytes)
+    finally:
+        level._CHUNK = saved
+    for cell in itertools.product(*[range(n) for n in shape]):
+        ranked = []
+        for c, terms in enumerate(per_choice):
+            moved = sum(int(count[cell[axis]]) for axis, _, count in terms)
+            cost = (0.0 if work is None else work[c]) + transfer_bytes * moved + sum(
+                vector[cell[axis]] for axis, vector, _ in terms)
+            ranked.append((cost, moved, c))
+        assert (least[cell], chosen[cell], argmin[cell]) == min(ranked)

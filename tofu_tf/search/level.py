@@ -30,7 +30,6 @@ that go to the lowest state index (Split on the lowest dim, before R).
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 import time
@@ -143,10 +142,18 @@ class LevelModel:
         a term moving bytes is one transfer)."""
         group_of = self.coarse.group_of
         scope = tuple(sorted({group_of[t] for entries in self.vectors[op] for t, _ in entries}))
-        return (scope, *_min_table([[(scope.index(group_of[t]), v, np.asarray(v) > 0)
-                                     for t, v in entries] for entries in self.vectors[op]],
-                                   [self.domains[g] for g in scope], None,
-                                   self.transfer_bytes))
+        terms = [[(scope.index(group_of[t]), v) for t, v in entries]
+                 for entries in self.vectors[op]]
+        # ops whose terms are the same arrays on the same axes of equal domains (one joint
+        # geometry) share the arrays
+        key = (tuple(self.domains[g] for g in scope),
+               tuple(tuple((axis, id(v)) for axis, v in row) for row in terms))
+        shared = self._shared.get(key)
+        if shared is None:
+            shared = self._shared[key] = _min_table(
+                [[(axis, v, np.asarray(v) > 0) for axis, v in row] for row in terms],
+                [self.domains[g] for g in scope], None, self.transfer_bytes)
+        return (scope, *shared)
 
     def transfer_counts(self, op: str) -> list[list[tuple[str, np.ndarray]]]:
         """Per choice [(tensor, transfers per state)] (one per term moving bytes in a
@@ -271,12 +278,12 @@ def _min_table(per_choice: list[list[tuple[int, np.ndarray, np.ndarray]]], shape
     then fewest transfers, then the first choice) and that choice's transfers.
 
     With the terms summed per (choice, axis state) into S [choices, sum of the axes'
-    sizes] (one bincount), a cell's entry is the sum over axes of S at the cell's state on
-    each axis (`_layout`): a fixed number of array calls per op, however many terms
-    (bytes are whole numbers, so the sums are exact; a forbidden state's inf stays inf)."""
-    n_choices = len(per_choice)
-    offsets, states = _layout(tuple(shape))
-    width = sum(shape)
+    sizes] (one bincount), a choice's table is the broadcast sum over axes of its slice
+    of S on each: a fixed number of array calls per op, however many terms (bytes are
+    whole numbers, so the sums are exact; a forbidden state's inf stays inf)."""
+    shape = tuple(shape)
+    n_choices, width, cells = len(per_choice), sum(shape), math.prod(shape)
+    offsets = tuple(itertools.accumulate((0,) + shape))[:-1]
     index, pieces, counts = [], [], []
     for c, terms in enumerate(per_choice):
         for axis, vector, count in terms:
@@ -284,27 +291,35 @@ def _min_table(per_choice: list[list[tuple[int, np.ndarray, np.ndarray]]], shape
             index.extend(range(base, base + len(vector)))
             pieces.append(vector)
             counts.append(count)
-    cells = math.prod(shape)
-    if not pieces:
-        sums = moving = np.zeros((n_choices, width))
-    else:
-        flat, where = np.concatenate(pieces), np.array(index, dtype=np.intp)
-        sums = np.bincount(where, flat, n_choices * width).reshape(n_choices, width)
-        moving = np.bincount(where, np.concatenate(counts),
-                             n_choices * width).reshape(n_choices, width)
-    # Chunks of choices keep the [choices, axes, cells] gather within _CHUNK numbers; a
-    # later chunk replaces the running argmin only where it is strictly better, so the tie
-    # rule is the same as over all choices at once.
-    step = max(1, _CHUNK // (cells * max(1, len(shape))))
-    least = chosen = argmin = None
+    sums = np.zeros((n_choices, width))
+    moving = np.zeros((n_choices, width), dtype=np.int64)
+    if pieces:
+        where = np.array(index, dtype=np.intp)
+        sums = np.bincount(where, np.concatenate(pieces), n_choices * width)
+        sums = sums.reshape(n_choices, width)
+        moving = np.bincount(where, np.concatenate(counts), n_choices * width)
+        moving = moving.reshape(n_choices, width).astype(np.int64)
+    if transfer_bytes:
+        sums = sums + transfer_bytes * moving
+
+    def spread(rows: np.ndarray) -> np.ndarray:
+        """[n, width] -> [n, cells]: per row, the sum over axes of its states there."""
+        total = np.zeros((len(rows),) + (1,) * len(shape), dtype=rows.dtype)
+        for axis, (start, size) in enumerate(zip(offsets, shape)):
+            total = total + rows[:, start:start + size].reshape(
+                (len(rows),) + tuple(size if b == axis else 1 for b in range(len(shape))))
+        return np.broadcast_to(total, (len(rows),) + shape).reshape(len(rows), cells)
+
+    # Chunks of choices keep each [chunk, cells] table within _CHUNK numbers; a later
+    # chunk replaces the running argmin only where it is strictly better, so the tie rule
+    # is the one over all choices at once.
+    step = max(1, _CHUNK // cells)
+    least = argmin = chosen = None
     for start in range(0, n_choices, step):
-        stop = min(n_choices, start + step)
-        tables = sums[start:stop][:, states].sum(axis=1)
-        transfers = moving[start:stop][:, states].sum(axis=1).astype(np.int64)
-        if transfer_bytes:
-            tables += transfer_bytes * transfers
+        tables = spread(sums[start:start + step])
         if work is not None:
-            tables += work[start:stop].reshape(-1, 1)
+            tables = tables + work[start:start + step].reshape(-1, 1)
+        transfers = spread(moving[start:start + step])
         low = tables.min(axis=0)
         pick = np.where(tables == low, transfers, _MOST).argmin(axis=0)
         fewest = transfers[pick, np.arange(cells)]
@@ -319,17 +334,7 @@ def _min_table(per_choice: list[list[tuple[int, np.ndarray, np.ndarray]]], shape
 
 
 _MOST = np.iinfo(np.int64).max
-_CHUNK = 2 ** 23                        # numbers gathered at once by _min_table
-
-
-@functools.lru_cache(maxsize=None)
-def _layout(shape: tuple[int, ...]) -> tuple[tuple[int, ...], np.ndarray]:
-    """Where each axis's states start among S's columns, and [axes, prod(shape)]: per
-    axis, the column of S (that start + the cell's coordinate on the axis) of every cell,
-    in C order."""
-    offsets = tuple(itertools.accumulate((0,) + shape))[:-1]
-    cells = np.indices(shape).reshape(len(shape), math.prod(shape))
-    return offsets, cells + np.array(offsets, dtype=np.intp).reshape(-1, 1)
+_CHUNK = 2 ** 22                        # numbers in one chunk's table in _min_table
 
 
 @dataclass(frozen=True)
