@@ -21,8 +21,9 @@ without the levels below.
 Limits: chains multiply the levels' choice counts (tens per op at 2 levels, a hundred or
 more at 3), and a group's leaves the levels' state counts, so the op tables grow with the
 product of their groups' leaves: the tiny reference models take a second or a few at 2
-levels; at 3 the Transformer's and WResNet's take minutes (bench/results/search.md).
-Past `max_joint_choices` chains (summed over ops) it raises rather than run for hours.
+levels; at 3 the Transformer's about ten, WResNet's minutes (bench/results/search.md).
+Past `max_joint_choices` chains (summed over ops), or an op of more than MAX_OP_TABLE
+chains x table entries, it raises rather than run for hours.
 """
 
 from __future__ import annotations
@@ -51,9 +52,9 @@ from tofu_tf.search.problem import (Choice, Problem, ProblemOp, SearchCache, Ten
 from tofu_tf.search.topology import Topology
 
 MAX_JOINT_CHOICES = 1_000_000        # joint choices summed over ops, before giving up
-# Most chains x groups x table entries of one op: the DP's op table holds that many
-# numbers while it takes the min over chains (level._min_table).
-MAX_OP_TABLE = 2 ** 24
+# Most chains x table entries of one op: the min over chains (level._min_table) takes
+# about a second per 2^26 (the Transformer's largest at 2x2x2: 179 x 250047).
+MAX_OP_TABLE = 2 ** 26
 UNBOUNDED = 2 ** 40                  # a dim no box reaches past, for shape-free choices
 
 
@@ -470,7 +471,7 @@ def joint_model(graph: Graph, topology: Topology, *,
         raise JointTooLarge.of(f"about {sum(about.values())}, more than "
                                f"{max_joint_choices},", ways)
     for op in base.ops:
-        if about[op.name] * len(scopes[op.name]) * cells[op.name] > MAX_OP_TABLE:
+        if about[op.name] * cells[op.name] > MAX_OP_TABLE:
             raise JointTooLarge.table(about[op.name], cells[op.name], ways, node=op.name,
                                       op_type=op.sem.op_type)
     vectors, keys, made = {}, {}, {}
@@ -486,7 +487,7 @@ def joint_model(graph: Graph, topology: Topology, *,
             if key is not None:
                 made[key] = choices
         walk.count(op, len(choices))
-        if len(choices) * len(scope) * cells[op.name] > MAX_OP_TABLE:
+        if len(choices) * cells[op.name] > MAX_OP_TABLE:
             raise JointTooLarge.table(len(choices), cells[op.name], ways, node=op.name,
                                       op_type=op.sem.op_type)
         keys[op.name] = [labels for labels, _ in choices]
