@@ -47,3 +47,37 @@ def test_a_part_reading_no_rows_of_a_reduction_adds_nothing():
     assert forced.ledger.step_bytes == forced.plan.predicted_bytes
     assert any(node.op == "Fill" and "dw/identity" in node.name
                for node in forced.graph_def.node)
+
+
+def test_a_smaller_part_of_an_uneven_split_is_cut_as_planned():
+    """3 rows cut 2x2: the first level's parts hold 2 rows and 1; the second level cuts
+    the 1-row part too (1 row and none), not running that part whole on both devices
+    (which would fetch what the other stores)."""
+    from tofu_tf.op_semantics.analysis import Split
+    from tofu_tf.op_semantics.catalog import catalog
+    from tofu_tf.rewrite.partition import partition, stored_box
+    from tofu_tf.search.topology import coordinates
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float64, (3, 8), name="x")
+        y = tf.math.exp(x, name="y")
+        tf.reduce_sum(y * y, name="loss")
+    fetches, feeds = ["loss:0", "y:0"], ["x:0"]
+    searched = optimize(graph.as_graph_def(), fetches, feeds=feeds, topology="2x2")
+    stored = json.loads(searched.plan.to_json())
+    for level in stored["levels"]:
+        level["choices"]["y"] = "o:d0"
+    plan = Plan.from_json(json.dumps(stored))
+    forced = optimize(graph.as_graph_def(), fetches, feeds=feeds, topology="2x2", plan=plan)
+    pieces = partition(forced.graph, catalog(forced.graph), plan).ops["y"]
+    for device, piece in enumerate(pieces):
+        want = stored_box((3, 8), [Split(0), Split(0)], (2, 2), coordinates(device, (2, 2)))
+        assert piece.outputs[0].box == want
+    values = {"x:0": np.random.default_rng(0).normal(size=(3, 8))}
+    with tf.compat.v1.Session(graph=graph) as session:
+        expected = session.run(fetches, values)
+    with Runner(forced, {}) as runner:
+        got = runner.run(values)
+    np.testing.assert_allclose(got[1], expected[1], rtol=1e-12)
+    np.testing.assert_allclose(got[0], expected[0], rtol=1e-12)
+    assert forced.ledger.step_bytes == forced.plan.predicted_bytes

@@ -321,6 +321,18 @@ def analyze(sem: Semantics) -> tuple[Strategy, ...]:
                  if extent >= 2 and name not in sem.unsplittable)
 
 
+def named_strategy(sem: Semantics, label: str) -> Strategy | None:
+    """The strategy `label` names ('o:i', 'r:k'), also where its variable's extent is 1,
+    which `analyze` leaves out: a deeper level of an uneven split, whose smaller parts
+    hold fewer elements than the cut has parts (the parts past the extent are empty)."""
+    if sem.is_opaque or not sem.computes or any(c is None for c in sem.computes):
+        return None
+    for kind, name, extent in _candidates(sem):
+        if f"{kind[0]}:{name}" == label and extent >= 1 and name not in sem.unsplittable:
+            return _strategy(sem, kind, name, extent)
+    return None
+
+
 def replicated_regions(sem: Semantics) -> tuple[InputRegion, ...]:
     """What an unsplit copy of the op reads: the regions with every variable whole
     (walked once per Semantics and kept in its __dict__, which renamed copies share)."""

@@ -39,7 +39,7 @@ import numpy as np
 
 from tofu_tf.errors import PartitionError, RewriteError
 from tofu_tf.graph import Graph
-from tofu_tf.op_semantics.analysis import OutputState, Strategy, part_range
+from tofu_tf.op_semantics.analysis import OutputState, Strategy, named_strategy, part_range
 from tofu_tf.op_semantics.catalog import OpEntry
 from tofu_tf.op_semantics.localize import LocalOp, localize, replace
 from tofu_tf.op_semantics.memo import SemanticsMemo
@@ -665,7 +665,11 @@ def device_op(sem: Semantics, strategies, labels, ways, coords, device: int,
     for level, (label, k, p) in enumerate(zip(labels, ways, coords)):
         strategy = None if label == REPLICATE else _find(strategies, label)
         if strategy is None and label != REPLICATE and local is not None:
-            break                                   # the part has no such strategy
+            # a smaller part of an uneven split above: its variable may be too short to
+            # have the strategy (extent 1), yet the level cuts it as its group's part 0
+            strategy = named_strategy(sem, label)
+            if strategy is None:
+                break                               # the part has no such strategy
         if strategy is None and label != REPLICATE:
             raise RewriteError(f"the plan's choice '{label}' is not a strategy of the op.",
                                node=name, op_type=sem.op_type,
