@@ -301,6 +301,8 @@ def _min_table(per_choice: list[list[tuple[int, np.ndarray, np.ndarray]]], shape
         moving = moving.reshape(n_choices, width).astype(np.int64)
     if transfer_bytes:
         sums = sums + transfer_bytes * moving
+    if work is not None and not work.any():
+        work = None
 
     def spread(rows: np.ndarray) -> np.ndarray:
         """[n, width] -> [n, cells]: per row, the sum over axes of its states there."""
