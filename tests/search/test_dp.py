@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from tofu_tf.search.dp import Factor, _Eliminator, evaluate, solve
+from tofu_tf.search.dp import Factor, _Eliminator, evaluate, largest_table, solve
 
 
 @st.composite
@@ -137,3 +137,11 @@ def test_op_tables_are_the_brute_force_min_over_choices(case):
                 vector[cell[axis]] for axis, vector, _ in terms)
             ranked.append((cost, moved, c))
         assert (least[cell], chosen[cell], argmin[cell]) == min(ranked)
+
+
+@settings(max_examples=200, deadline=None)
+@given(factor_graphs())
+def test_the_largest_table_is_known_from_the_scopes_alone(graph):
+    domains, factors, order = graph
+    assert largest_table(domains, [f.scope for f in factors], order) == \
+        solve(domains, factors, order).max_table

@@ -187,14 +187,47 @@ class _Eliminator:
             self._set_allowed(u, self.allowed[u][keep])
 
 
+class _Scopes(_Eliminator):
+    """Elimination on the scopes alone: the greedy order reads only scopes and domain
+    sizes, so it is the one `solve` takes while no table is past the bound."""
+
+    def eliminate(self, v: int) -> list[int]:
+        self.largest = max(self.largest, self.size_of(v))
+        rest = [u for u in self.scope_of(v) if u != v]
+        for tid in list(self.touching[v]):
+            self._remove(tid)
+        if rest:
+            self._add(_Table(rest, None))
+        return rest
+
+
+def largest_table(domains: list[int], scopes: list[tuple[int, ...]],
+                  order: list[int] | None = None) -> int:
+    """The largest table `solve` builds on factors of these scopes, without their tables
+    (past MAX_TABLE, `solve` would restrict there and not be exact)."""
+    elim = _Scopes(domains, [Factor(scope, None) for scope in scopes], MAX_TABLE, BEAM)
+    _eliminate_all(elim, len(domains), order)
+    return elim.largest
+
+
 def solve(domains: list[int], factors: list[Factor], order: list[int] | None = None,
           max_table: int = MAX_TABLE, beam: int = BEAM) -> Solution:
     """Minimise the sum of factors over all assignments (exact unless restricted).
 
     `order` is the linear order used to break ties (default: index order)."""
     n = len(domains)
-    rank = {v: i for i, v in enumerate(order if order is not None else range(n))}
     elim = _Eliminator(domains, factors, max_table, beam)
+    free = _eliminate_all(elim, n, order)
+    assignment = _backtrack(elim.pointers, n, free)
+    cost = elim.constant
+    return Solution(tuple(assignment), cost, elim.restricted == 0, elim.restricted,
+                    elim.largest)
+
+
+def _eliminate_all(elim: _Eliminator, n: int, order: list[int] | None) -> set[int]:
+    """Eliminate every variable, the smallest combined table first (ties: by `order`);
+    returns the variables no factor mentions."""
+    rank = {v: i for i, v in enumerate(order if order is not None else range(n))}
     # A variable no factor mentions takes its first state (what eliminating it would
     # give: the argmin of zeros) and never enters a table: it is decided here.
     free = {v for v in range(n) if not elim.touching[v]}
@@ -212,10 +245,7 @@ def solve(domains: list[int], factors: list[Factor], order: list[int] | None = N
         done[v] = True
         for u in elim.eliminate(v):
             heapq.heappush(heap, (elim.size_of(u), rank[u], u))
-    assignment = _backtrack(elim.pointers, n, free)
-    cost = elim.constant
-    return Solution(tuple(assignment), cost, elim.restricted == 0, elim.restricted,
-                    elim.largest)
+    return free
 
 
 def _backtrack(pointers, n: int, free=frozenset()) -> list[int]:

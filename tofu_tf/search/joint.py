@@ -391,8 +391,8 @@ class JointModel:
                              time.perf_counter() - start)
 
     def _dp(self) -> tuple[int, ...]:
-        order = sorted(range(len(self.trees)), key=lambda g: self.model.coarse.position[g])
-        solution = dp.solve(self.model.domains, self.model.factors()[0], order=order)
+        solution = dp.solve(self.model.domains, self.model.factors()[0],
+                            order=_order(self.model.coarse))
         if not solution.exact:
             raise TofuError(
                 f"the joint DP needed a table larger than {dp.MAX_TABLE} entries "
@@ -408,6 +408,11 @@ class JointModel:
                 f"({solution.variables} variables, {solution.constraints} constraints).",
                 fix="raise time_limit, or use JointMethod.DP.")
         return solution.assignment
+
+
+def _order(coarse: CoarseGraph) -> list[int]:
+    """The groups in the coarse graph's linear order: the DP's ties."""
+    return sorted(range(len(coarse.members)), key=lambda g: coarse.position[g])
 
 
 def _plan_key(result: SearchResult, op: str) -> tuple:
@@ -474,6 +479,16 @@ def joint_model(graph: Graph, topology: Topology, *,
         if about[op.name] * cells[op.name] > MAX_OP_TABLE:
             raise JointTooLarge.table(about[op.name], cells[op.name], ways, node=op.name,
                                       op_type=op.sem.op_type)
+    # The DP's elimination reads only the scopes and leaf counts: a problem it could not
+    # solve exactly is told before the walk too.
+    domains = [tree.size for tree in trees]
+    width = dp.largest_table(domains, [tuple(g for g in scopes[op.name] if domains[g] > 1)
+                                       for op in base.ops], _order(coarse))
+    if width > dp.MAX_TABLE:
+        raise JointTooLarge(f"the joint DP would need a table of {width} entries, more than "
+                            f"{dp.MAX_TABLE} (at {'x'.join(map(str, ways))}); it is meant "
+                            f"for tiny graphs.", fix="use fewer levels or devices, or a "
+                            "smaller model.")
     vectors, keys, made = {}, {}, {}
     for op in base.ops:
         tensors, scope = op.inputs + op.outputs, scopes[op.name]
@@ -493,5 +508,5 @@ def joint_model(graph: Graph, topology: Topology, *,
         keys[op.name] = [labels for labels, _ in choices]
         vectors[op.name] = [[(coarse.members[g][0], v) for g, v in zip(scope, joint)]
                             for _, joint in choices]
-    model = LevelModel(None, coarse, vectors, [tree.size for tree in trees])
+    model = LevelModel(None, coarse, vectors, domains)
     return JointModel(model, trees, keys, ways)
