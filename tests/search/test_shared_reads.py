@@ -92,9 +92,12 @@ def test_every_level_carries_what_the_search_priced(name, topology, options):
 
 @pytest.mark.parametrize("name", ["mlp", "lstm", "wresnet"])
 def test_three_levels_stay_near_the_emitted_bytes(name):
-    """What 2x2x2 still leaves apart (a few small tensors per model, 0.2-1.1%)."""
+    """What 2x2x2 still leaves apart: a few small partial results reduced over three
+    levels (LSTM 0.16%, WResNet 0.03%; the MLP none). A smaller part of an uneven split
+    (WResNet's 3-tap kernels cut 2x2) is cut as its group's part 0, as the search
+    prices it: run whole, it fetched what its neighbour stores (1%)."""
     searched, moved = emitted_bytes(name, "2x2x2", BYTES)
-    assert abs(searched / moved - 1) <= 0.012
+    assert abs(searched / moved - 1) <= 0.002
 
 
 @pytest.mark.parametrize("topology", ["2", "4"])
