@@ -664,13 +664,25 @@ def device_op(sem: Semantics, strategies, labels, ways, coords, device: int,
     depth = 0
     for level, (label, k, p) in enumerate(zip(labels, ways, coords)):
         strategy = None if label == REPLICATE else _find(strategies, label)
+        whole = False                               # part 0 of a one-element variable
         if strategy is None and label != REPLICATE and local is not None:
-            # a smaller part of an uneven split above: its variable may be too short to
-            # have the strategy (extent 1), yet the level cuts it as its group's part 0
-            strategy = named_strategy(sem, label)
-            if strategy is None:
+            short = named_strategy(sem, label)
+            if short is None or short.kind != "output":
                 break                               # the part has no such strategy
-        if strategy is None and label != REPLICATE:
+            # A smaller part of an uneven split above, one element long on the split
+            # variable (3 rows cut 2x2), cut as its group's part 0 is: its first part
+            # keeps the op whole, the others produce none of the split outputs (no hook
+            # is asked to cut an extent of 1).
+            if p:
+                for o, state in enumerate(short.outputs):
+                    if state.kind == "split":
+                        box = list(window[o])
+                        box[state.dim] = (box[state.dim][1],) * 2     # as stored_box
+                        window[o] = tuple(box)
+                depth = level + 1
+                break
+            whole = True
+        if strategy is None and label != REPLICATE and not whole:
             raise RewriteError(f"the plan's choice '{label}' is not a strategy of the op.",
                                node=name, op_type=sem.op_type,
                                fix="plan again for this graph.")
