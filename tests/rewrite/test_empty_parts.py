@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tofu_tf.api import optimize
@@ -49,10 +50,14 @@ def test_a_part_reading_no_rows_of_a_reduction_adds_nothing():
                for node in forced.graph_def.node)
 
 
-def test_a_smaller_part_of_an_uneven_split_is_cut_as_planned():
+@pytest.mark.parametrize("make", [lambda x: tf.math.exp(x, name="y"),
+                                  lambda x: tf.reshape(x, (3, 2, 4), name="y")],
+                         ids=["Exp", "Reshape"])
+def test_a_smaller_part_of_an_uneven_split_is_cut_as_planned(make):
     """3 rows cut 2x2: the first level's parts hold 2 rows and 1; the second level cuts
     the 1-row part too (1 row and none), not running that part whole on both devices
-    (which would fetch what the other stores)."""
+    (which would fetch what the other stores), and without asking the op's hook to cut
+    one row (Reshape's cannot)."""
     from tofu_tf.op_semantics.analysis import Split
     from tofu_tf.op_semantics.catalog import catalog
     from tofu_tf.rewrite.partition import partition, stored_box
@@ -60,18 +65,21 @@ def test_a_smaller_part_of_an_uneven_split_is_cut_as_planned():
     graph = tf.Graph()
     with graph.as_default():
         x = tf.compat.v1.placeholder(tf.float64, (3, 8), name="x")
-        y = tf.math.exp(x, name="y")
+        y = make(x)
         tf.reduce_sum(y * y, name="loss")
     fetches, feeds = ["loss:0", "y:0"], ["x:0"]
     searched = optimize(graph.as_graph_def(), fetches, feeds=feeds, topology="2x2")
+    entries = catalog(searched.graph)
+    label = next(s.label for s in entries["y"].strategies if s.outputs[0] == Split(0))
     stored = json.loads(searched.plan.to_json())
     for level in stored["levels"]:
-        level["choices"]["y"] = "o:d0"
+        level["choices"]["y"] = label
     plan = Plan.from_json(json.dumps(stored))
     forced = optimize(graph.as_graph_def(), fetches, feeds=feeds, topology="2x2", plan=plan)
-    pieces = partition(forced.graph, catalog(forced.graph), plan).ops["y"]
+    shape = tuple(forced.graph.tensors["y:0"].shape)
+    pieces = partition(forced.graph, entries, plan).ops["y"]
     for device, piece in enumerate(pieces):
-        want = stored_box((3, 8), [Split(0), Split(0)], (2, 2), coordinates(device, (2, 2)))
+        want = stored_box(shape, [Split(0), Split(0)], (2, 2), coordinates(device, (2, 2)))
         assert piece.outputs[0].box == want
     values = {"x:0": np.random.default_rng(0).normal(size=(3, 8))}
     with tf.compat.v1.Session(graph=graph) as session:
