@@ -17,8 +17,10 @@ convolution over a halo, a pooled window) is re-described with the kernel's real
 shapes (the caller's shape inference); the crop stays in the window. Without them the
 descent ends there: the device runs that level's local op, a superset of the deeper levels'
 share, which is always sound. So does a level whose local op cannot be described, whose
-part has no strategy with the plan's label (an uneven part too small for it), or whose part
-the op's localize hook cannot cut (a PartitionError below level 1).
+part has no strategy with the plan's label, or whose part the op's localize hook cannot cut
+(a PartitionError below level 1). An uneven part one element long on the variable an output
+split cuts (3 rows cut 2x2: 2 + 1, then 1 + 0) is cut as its group's part 0 is, without the
+hook: its first part keeps the op whole, the others produce none of the split outputs.
 
 Ops with equal signatures (the catalog's id: type, attrs, shapes, dtypes, constants) and
 equal choices at every level have equal device ops up to their name: each such class is
