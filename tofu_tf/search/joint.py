@@ -34,7 +34,6 @@ import enum
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -51,9 +50,6 @@ from tofu_tf.search.problem import (Choice, Problem, ProblemOp, SearchCache, Ten
                                     clamp_box, cost_vectors, fetch_extra, geometry,
                                     make_choice, sub_problem, viewed)
 from tofu_tf.search.topology import Topology
-
-if TYPE_CHECKING:                      # recursive.py imports this module
-    from tofu_tf.search.recursive import SearchResult
 
 MAX_JOINT_CHOICES = 1_000_000        # joint choices summed over ops, before giving up
 # Most chains x table entries of one op: the min over chains (level._min_table) takes
