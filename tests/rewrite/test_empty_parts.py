@@ -12,8 +12,12 @@ import pytest
 import tensorflow as tf
 
 from tofu_tf.api import optimize
+from tofu_tf.op_semantics.analysis import Split
+from tofu_tf.op_semantics.catalog import catalog
+from tofu_tf.rewrite.partition import partition, stored_box
 from tofu_tf.runtime.session import Runner
 from tofu_tf.search.plan import Plan
+from tofu_tf.search.topology import coordinates
 
 
 def _filter_gradient_step():
@@ -58,10 +62,6 @@ def test_a_smaller_part_of_an_uneven_split_is_cut_as_planned(make):
     the 1-row part too (1 row and none), not running that part whole on both devices
     (which would fetch what the other stores), and without asking the op's hook to cut
     one row (Reshape's cannot)."""
-    from tofu_tf.op_semantics.analysis import Split
-    from tofu_tf.op_semantics.catalog import catalog
-    from tofu_tf.rewrite.partition import partition, stored_box
-    from tofu_tf.search.topology import coordinates
     graph = tf.Graph()
     with graph.as_default():
         x = tf.compat.v1.placeholder(tf.float64, (3, 8), name="x")

@@ -668,7 +668,8 @@ def device_op(sem: Semantics, strategies, labels, ways, coords, device: int,
         strategy = None if label == REPLICATE else _find(strategies, label)
         whole = False                               # part 0 of a one-element variable
         if strategy is None and label != REPLICATE and local is not None:
-            short = named_strategy(sem, label)
+            short = _once(steps, ("short", tuple(coords[:level])),   # one per group
+                          lambda: named_strategy(sem, label))
             if short is None or short.kind != "output":
                 break                               # the part has no such strategy
             # A smaller part of an uneven split above, one element long on the split

@@ -291,14 +291,15 @@ def _min_table(per_choice: list[list[tuple[int, np.ndarray, np.ndarray]]], shape
             index.extend(range(base, base + len(vector)))
             pieces.append(vector)
             counts.append(count)
-    sums = np.zeros((n_choices, width))
-    moving = np.zeros((n_choices, width), dtype=np.int64)
     if pieces:
         where = np.array(index, dtype=np.intp)
         sums = np.bincount(where, np.concatenate(pieces), n_choices * width)
         sums = sums.reshape(n_choices, width)
         moving = np.bincount(where, np.concatenate(counts), n_choices * width)
         moving = moving.reshape(n_choices, width).astype(np.int64)
+    else:
+        sums = np.zeros((n_choices, width))
+        moving = np.zeros((n_choices, width), dtype=np.int64)
     if transfer_bytes:
         sums = sums + transfer_bytes * moving
     if work is not None and not work.any():
