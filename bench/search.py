@@ -18,9 +18,10 @@ Sections (each merged into bench/results/search.json; the tables go to search.md
 - loaded: the two paper configurations at 8 devices, searched with the machine idle and
   again with one CPU-bound process competing (`python -c "while 1: pass"`), medians of
   `--repeats` alternating runs; a design that forks workers must not degrade past 2.5x.
-- gap: on the tiny reference models at 2x2, 2x4 and 2x2x2, the recursion alone and the
-  search's plan (all levels at once where that problem is small) against the joint
-  optimum of all levels (exact DP over product domains).
+- gap: on the tiny reference models at 2x2, 2x4 and 2x2x2, the recursion alone, the
+  search's plan (all levels at once where that problem is small) and at 2x2x2 the
+  lookahead (each level by its two-level optimum) against the joint optimum of all levels
+  (exact DP over product domains).
 - accounts: on the tiny reference models at 2, 4, 8, 2x4 and 2x2x2, the bytes the search
   prices its plan at against the bytes the emitted step moves (its ledger), per level, and
   how much of the search's excess is on tensors that two or more ops read from other
@@ -215,7 +216,7 @@ def gap() -> dict:
     import time
 
     from tofu_tf.options import Options
-    from tofu_tf.search.exact import joint_model, recursion_under
+    from tofu_tf.search.exact import joint_model, lookahead_search, recursion_under
     from tofu_tf.search.recursive import search
     from tofu_tf.search.topology import Topology
     out = {}
@@ -231,6 +232,11 @@ def gap() -> dict:
             row = {"recursive_bytes": recursive, "search_bytes": plan.total_bytes,
                    "search_joint": plan.joint, "search_seconds": time.perf_counter() - start}
             out[f"{model}@{shape}"] = row
+            if len(topology.levels) > 2:         # each level by its two-level optimum
+                start = time.perf_counter()
+                ahead = lookahead_search(graph, topology, options=options)
+                row.update(lookahead_bytes=ahead.total_bytes,
+                           lookahead_seconds=time.perf_counter() - start)
             try:
                 joint = joint_model(graph, topology, options=options)
             except Exception as err:          # joint domains past their bound: say so
@@ -367,9 +373,9 @@ def table(stored: dict) -> str:
                      f"(one run each).")
     if stored.get("gap"):
         lines += ["", "| tiny model @ topology | recursion B | search B | search s | "
-                      "joint optimum B | recursion gap | search gap | "
+                      "lookahead B (s) | joint optimum B | recursion gap | search gap | "
                       "recursion under the joint level 1, B |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|"]
         for name, row in sorted(stored["gap"].items()):
             joint = (f"{row['joint_bytes']:.0f}" if "joint_bytes" in row
                      else "too large: " + row["error"].split(":")[1].split(";")[0].strip()
@@ -380,13 +386,18 @@ def table(stored: dict) -> str:
             found = (f"{row['search_bytes']:.0f}{' (joint)' if row.get('search_joint') else ''}"
                      if "search_bytes" in row else "-")
             seconds = f"{row['search_seconds']:.2f}" if "search_seconds" in row else "-"
+            ahead = (f"{row['lookahead_bytes']:.0f} ({row['lookahead_seconds']:.1f})"
+                     if "lookahead_bytes" in row else "-")
             lines.append(f"| {name} | {row['recursive_bytes']:.0f} | {found} | {seconds} | "
-                         f"{joint} | {gaps[0]} | {gaps[1]} | {under} |")
+                         f"{ahead} | {joint} | {gaps[0]} | {gaps[1]} | {under} |")
         lines.append("\nRecursion: each level fixed before the next (`Options(joint_choices=0)`)"
                      "; search: the default, all levels at once where the joint problem has at "
                      "most `Options.joint_choices` (10000) joint choices (chains of one choice "
                      "per level, summed over ops) and its op tables fit (search/joint.py), "
-                     "marked (joint). The "
+                     "marked (joint); where it does not, at three levels, the better of the "
+                     "recursion and the lookahead: each level but the last fixed by the "
+                     "joint optimum of it and the level below (`recursive.lookahead`; its "
+                     "own column runs it wherever that two-level problem fits). The "
                      "last column fixes level 1 (states and choices) to the joint optimum's and"
                      " solves the levels below: equal to the joint optimum, the whole gap is "
                      "level 1 chosen by its own cost alone.")

@@ -23,7 +23,7 @@ from tofu_tf.search.joint import (MAX_JOINT_CHOICES, JointMethod, JointModel,  #
                                   JointSolution, StateTree, joint_model, state_tree)
 from tofu_tf.search.level import (LevelModel, LevelResult, fixed_result, result_of,
                                   solve_level)
-from tofu_tf.search.recursive import SearchResult, search, upper_fixed
+from tofu_tf.search.recursive import SearchResult, lookahead, search, upper_fixed
 from tofu_tf.search.topology import Topology
 
 
@@ -58,6 +58,19 @@ def recursion_under(graph: Graph, topology: Topology,
     states, labels = first_level
     solver = upper_fixed([functools.partial(fixed_result, assignment=states, labels=labels)],
                          solve_level)
+    return search(graph, topology, solver=solver, entries=entries,
+                  options=dataclasses.replace(options,
+                                              variable_storage=VariableStorage.REPLICABLE))
+
+
+def lookahead_search(graph: Graph, topology: Topology, *,
+                     entries: dict[str, OpEntry] | None = None,
+                     options: Options = Options()) -> SearchResult:
+    """The recursion with each level but the last fixed by the joint optimum of it and
+    the level below (recursive.lookahead), under the replicable policy; what the search
+    plans where the joint problem of all levels is too large. Raises
+    recursive.NoLookahead where level 1's two-level problem is too large too."""
+    solver = lookahead(topology.ways, solve_level, options.joint_choices)
     return search(graph, topology, solver=solver, entries=entries,
                   options=dataclasses.replace(options,
                                               variable_storage=VariableStorage.REPLICABLE))

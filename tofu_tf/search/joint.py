@@ -452,7 +452,15 @@ def joint_model(graph: Graph, topology: Topology, *,
     entries = entries if entries is not None else catalog(graph, strict=True)
     coarse = coarse if coarse is not None else coarsen(graph, entries)
     root = next(level_models(graph, topology, entries, coarse, options, storage, cache))
-    base, ways, coarse = root.problem, topology.ways, root.coarse      # with the views
+    return joint_below(root, topology.ways, max_joint_choices)
+
+
+def joint_below(root: LevelModel, ways: tuple[int, ...],
+                max_joint_choices: int = MAX_JOINT_CHOICES) -> JointModel:
+    """The joint problem of the levels `ways` from the level of `root` down (its cut is
+    ways[0]; the recursion's model of any level, whose levels above are fixed): c_1 + k_1
+    c_2 + ... counted from that level. Raises JointTooLarge past `max_joint_choices`."""
+    base, coarse = root.problem, root.coarse                           # with the views
     walk = _Walk(base, coarse, ways, max_joint_choices, root.flop_bytes,
                  root.transfer_bytes / math.prod(ways[1:]))
     made_trees: dict = {}                              # tensor kind -> its state tree

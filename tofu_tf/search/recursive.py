@@ -190,6 +190,14 @@ def _search(graph, topology, solver, entries, options, memory_weight, cache,
                             deadline)
         if joint_plan is not None:
             results.append(joint_plan)
+        elif len(topology.levels) > 2 and len(graph) <= options.joint_choices:
+            try:
+                results.append(_recurse(graph, topology, entries, coarse, options,
+                                        _storage(options), lookahead(
+                                            topology.ways, solver, options.joint_choices),
+                                        cache, deadline))
+            except NoLookahead as err:
+                logging.debug("no lookahead: %s", err)
         if options.shared_reads and options.joint_choices:
             policy = results[0].variable_storage
             plain = _recurse(graph, topology, entries, coarse,
@@ -229,9 +237,7 @@ def _joint(graph, topology, entries, coarse, options, solver, cache, deadline
     (level.views_result), and the plan, priced with views, is one more candidate."""
     if len(graph) > options.joint_choices:     # every op has a joint choice at least
         return None
-    storage = (VariableStorage.PARTITIONED
-               if options.variable_storage is VariableStorage.PARTITIONED
-               else VariableStorage.REPLICABLE)
+    storage = _storage(options)
     start = time.perf_counter()
     tries = [options] + ([dataclasses.replace(options, shared_reads=False)]
                          if options.shared_reads else [])
@@ -261,6 +267,45 @@ def _joint(graph, topology, entries, coarse, options, solver, cache, deadline
             fix="report this; Options(joint_choices=0) plans by the recursion alone.")
     logging.debug("joint search: %.0f B in %.2f s", best.cost, time.perf_counter() - start)
     return dataclasses.replace(result, joint=True)
+
+
+def _storage(options: Options) -> VariableStorage:
+    """The storage policy a joint search plans under: under either of AUTO the
+    replicable one, whose plans include the partitioned one's."""
+    return (VariableStorage.PARTITIONED
+            if options.variable_storage is VariableStorage.PARTITIONED
+            else VariableStorage.REPLICABLE)
+
+
+class NoLookahead(Exception):
+    """Level 1's two-level problem is too large: the lookahead plan would be the
+    recursion's."""
+
+
+def lookahead(ways: tuple[int, ...], solver, max_joint_choices: int
+              ) -> Callable[[LevelModel], LevelResult]:
+    """A solver for one recursion that fixes each level but the last by the joint
+    optimum of it and the level below (joint.joint_below over two levels): each choice
+    priced by what it leaves one level down, where the joint problem of all levels is
+    too large. Not the joint optimum of all levels (each window leaves out the levels
+    below it), but it closes most of the recursion's gap (bench/results/search.md). A
+    deeper level whose two-level problem is too large, and the last, by `solver`; raises
+    NoLookahead where level 1's is."""
+    levels = iter(range(len(ways)))
+
+    def solve(model: LevelModel) -> LevelResult:
+        level = next(levels)
+        if level + 1 < len(ways):
+            try:
+                window = joint.joint_below(model, ways[level:level + 2], max_joint_choices)
+                states, labels = window.first_level(window.solve().leaves)
+                return fixed_result(model, states, labels)
+            except TofuError as err:              # too large, or the DP not exact
+                if level == 0:
+                    raise NoLookahead(str(err)) from err
+                logging.debug("no lookahead at level %d: %s", level + 1, err)
+        return solver(model)
+    return solve
 
 
 def _repriced(graph, topology, entries, coarse, options, storage, upper, solver, cache,
