@@ -106,6 +106,12 @@ def test_past_the_limit_the_recursion_plans():
     assert small.objective == recursion.objective
 
 
+def test_an_op_table_past_its_bound_is_told_before_it_is_built():
+    graph, entries = graph_of("mlp")
+    with pytest.raises(JointTooLarge, match="more than 1000 in all"):
+        joint_model(graph, Topology.parse("2x2"), entries=entries, max_op_table=1000)
+
+
 def test_one_level_is_the_recursion():
     graph, entries = graph_of("mlp")
     plan = search(graph, Topology.parse("8"), entries=entries)

@@ -432,11 +432,11 @@ class JointTooLarge(TofuError):
                    **where)
 
     @classmethod
-    def table(cls, chains: int, cells: int, ways: tuple[int, ...], **where
+    def table(cls, chains: int, cells: int, ways: tuple[int, ...], limit: int, **where
               ) -> "JointTooLarge":
         return cls(f"an op's joint table has {cells} entries (the product of its groups' "
                    f"joint states at {'x'.join(map(str, ways))}) for each of its about {chains} "
-                   f"chains, more than {MAX_OP_TABLE} in all; it is meant for tiny graphs.",
+                   f"chains, more than {limit} in all; it is meant for tiny graphs.",
                    fix="use fewer levels or devices, or a smaller model.", **where)
 
 
@@ -445,18 +445,22 @@ def joint_model(graph: Graph, topology: Topology, *,
                 max_joint_choices: int = MAX_JOINT_CHOICES,
                 coarse: CoarseGraph | None = None, options: Options = Options(),
                 storage: VariableStorage = VariableStorage.REPLICABLE,
-                cache: SearchCache | None = None) -> JointModel:
+                cache: SearchCache | None = None,
+                max_op_table: int = MAX_OP_TABLE) -> JointModel:
     """Build the joint problem of every level of `topology` (see the module docstring)
     over the plans the recursion searches under `options` and variable `storage`.
-    Raises JointTooLarge past `max_joint_choices`."""
+    Raises JointTooLarge past `max_joint_choices`, or an op past `max_op_table` chains x
+    table entries (its table takes about a second per 2^26 and a chunk of memory; WResNet
+    at 2x2x2 needs 2^28: two minutes, 1.4 GB)."""
     entries = entries if entries is not None else catalog(graph, strict=True)
     coarse = coarse if coarse is not None else coarsen(graph, entries)
     root = next(level_models(graph, topology, entries, coarse, options, storage, cache))
-    return joint_below(root, topology.ways, max_joint_choices)
+    return joint_below(root, topology.ways, max_joint_choices, max_op_table)
 
 
 def joint_below(root: LevelModel, ways: tuple[int, ...],
-                max_joint_choices: int = MAX_JOINT_CHOICES) -> JointModel:
+                max_joint_choices: int = MAX_JOINT_CHOICES,
+                max_op_table: int = MAX_OP_TABLE) -> JointModel:
     """The joint problem of the levels `ways` from the level of `root` down (its cut is
     ways[0]; the recursion's model of any level, whose levels above are fixed): c_1 + k_1
     c_2 + ... counted from that level. Raises JointTooLarge past `max_joint_choices`."""
@@ -484,9 +488,9 @@ def joint_below(root: LevelModel, ways: tuple[int, ...],
         raise JointTooLarge.of(f"about {sum(about.values())}, more than "
                                f"{max_joint_choices},", ways)
     for op in base.ops:
-        if about[op.name] * cells[op.name] > MAX_OP_TABLE:
-            raise JointTooLarge.table(about[op.name], cells[op.name], ways, node=op.name,
-                                      op_type=op.sem.op_type)
+        if about[op.name] * cells[op.name] > max_op_table:
+            raise JointTooLarge.table(about[op.name], cells[op.name], ways, max_op_table,
+                                      node=op.name, op_type=op.sem.op_type)
     # The DP's elimination reads only the scopes and leaf counts: a problem it could not
     # solve exactly is told before the walk too.
     domains = [tree.size for tree in trees]
@@ -510,9 +514,9 @@ def joint_below(root: LevelModel, ways: tuple[int, ...],
             if key is not None:
                 made[key] = choices
         walk.count(op, len(choices))
-        if len(choices) * cells[op.name] > MAX_OP_TABLE:
-            raise JointTooLarge.table(len(choices), cells[op.name], ways, node=op.name,
-                                      op_type=op.sem.op_type)
+        if len(choices) * cells[op.name] > max_op_table:
+            raise JointTooLarge.table(len(choices), cells[op.name], ways, max_op_table,
+                                      node=op.name, op_type=op.sem.op_type)
         keys[op.name] = [labels for labels, _ in choices]
         vectors[op.name] = [[(coarse.members[g][0], v) for g, v in zip(scope, joint)]
                             for _, joint in choices]
