@@ -237,9 +237,12 @@ def fetch_extra(needs, window: Box | None, shape) -> int:
     window only) beyond the one copy of it an outer level delivered: of the window's
     outside, or of the union of the needs where they do not cover the window (a strided
     read leaves gaps), so never less than 0."""
-    if window is None:
+    if window is None or _inside(window, shape):     # so are the needs: none outside
         return 0
-    outside = sum(box_volume(b) - box_volume(clamp_slices(b, shape)) for b in needs)
+    outside = sum(box_volume(b) - box_volume(clamp_slices(b, shape)) for b in needs
+                  if not _inside(b, shape))
+    if not outside:            # every need inside the tensor: the two unions are equal
+        return 0
     read = union_volume(needs)
     if read == box_volume(window):
         return outside - (read - box_volume(clamp_slices(window, shape)))
