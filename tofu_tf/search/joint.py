@@ -482,7 +482,7 @@ def joint_below(root: LevelModel, ways: tuple[int, ...],
     # Before any walk: about prod_l c_l chains per op, c_l its strategies valid at level l's
     # cut and `replicate` (its local ops have about as many), so a problem far past the
     # limits is told at once (the walk counts exactly).
-    about = {op.name: len(root.vectors[op.name]) * math.prod(
+    about = {op.name: len(base.choices[op.name]) * math.prod(
         1 + sum(s.valid_for(k) for s in op.strategies) for k in ways[1:]) for op in base.ops}
     if sum(about.values()) > max_joint_choices:
         raise JointTooLarge.of(f"about {sum(about.values())}, more than "

@@ -11,6 +11,11 @@ in bytes (c_l is the level-l cut's cost inside one group: the bytes it moves plu
 price of the computation its replicated ops repeat, search/level.py), and in time each
 c_l's bytes move over level l's links. The first cut, which moves the least data, crosses
 the slowest links.
+
+Each level fixed by its own cost alone may leave costlier levels below. Where the joint
+problem of all levels is small (search/joint.py, `Options.joint_choices`) the search also
+plans its optimum; at three or more levels where it is not, the lookahead: each level
+fixed by the joint optimum of it and the level below. The cheapest plan wins.
 """
 
 from __future__ import annotations
