@@ -196,13 +196,10 @@ def _search(graph, topology, solver, entries, options, memory_weight, cache,
         if joint_plan is not None:
             results.append(joint_plan)
         elif len(topology.levels) > 2 and len(graph) <= options.joint_choices:
-            try:
-                results.append(_recurse(graph, topology, entries, coarse, options,
-                                        _storage(options), lookahead(
-                                            topology.ways, solver, options.joint_choices),
-                                        cache, deadline))
-            except NoLookahead as err:
-                logging.debug("no lookahead: %s", err)
+            ahead = _lookahead(graph, topology, entries, coarse, options, solver, cache,
+                               deadline)
+            if ahead is not None:
+                results.append(ahead)
         if options.shared_reads and options.joint_choices:
             policy = results[0].variable_storage
             plain = _recurse(graph, topology, entries, coarse,
@@ -272,6 +269,32 @@ def _joint(graph, topology, entries, coarse, options, solver, cache, deadline
             fix="report this; Options(joint_choices=0) plans by the recursion alone.")
     logging.debug("joint search: %.0f B in %.2f s", best.cost, time.perf_counter() - start)
     return dataclasses.replace(result, joint=True)
+
+
+def _lookahead(graph, topology, entries, coarse, options, solver, cache, deadline
+               ) -> SearchResult | None:
+    """The lookahead plan (`lookahead`), or None where level 1's two-level problem is too
+    large. With `options.shared_reads`, as `_joint`: where the views make it too large,
+    the lookahead without views fixes every level but the last, and the plan is priced
+    with them (`_repriced`)."""
+    storage = _storage(options)
+    tries = [options] + ([dataclasses.replace(options, shared_reads=False)]
+                         if options.shared_reads else [])
+    for tried in tries:
+        try:
+            result = _recurse(graph, topology, entries, coarse, tried, storage,
+                              lookahead(topology.ways, solver, options.joint_choices),
+                              cache, deadline)
+            break
+        except NoLookahead as err:
+            logging.debug("no lookahead (shared reads %s): %s", tried.shared_reads, err)
+    else:
+        return None
+    if tried is not options:
+        return _repriced(graph, topology, entries, coarse, options, storage,
+                         [level.assignment for level in result.levels[:-1]], solver, cache,
+                         deadline)
+    return result
 
 
 def _storage(options: Options) -> VariableStorage:
