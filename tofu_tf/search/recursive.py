@@ -241,9 +241,7 @@ def _joint(graph, topology, entries, coarse, options, solver, cache, deadline
         return None
     storage = _storage(options)
     start = time.perf_counter()
-    tries = [options] + ([dataclasses.replace(options, shared_reads=False)]
-                         if options.shared_reads else [])
-    for tried in tries:
+    for tried in _view_tries(options):
         try:
             model = joint.joint_model(graph, topology, entries=entries, coarse=coarse,
                                       options=tried, storage=storage, cache=cache,
@@ -278,9 +276,7 @@ def _lookahead(graph, topology, entries, coarse, options, solver, cache, deadlin
     the lookahead without views fixes every level but the last, and the plan is priced
     with them (`_repriced`)."""
     storage = _storage(options)
-    tries = [options] + ([dataclasses.replace(options, shared_reads=False)]
-                         if options.shared_reads else [])
-    for tried in tries:
+    for tried in _view_tries(options):
         try:
             result = _recurse(graph, topology, entries, coarse, tried, storage,
                               lookahead(topology.ways, solver, options.joint_choices),
@@ -295,6 +291,13 @@ def _lookahead(graph, topology, entries, coarse, options, solver, cache, deadlin
                          [level.assignment for level in result.levels[:-1]], solver, cache,
                          deadline)
     return result
+
+
+def _view_tries(options: Options) -> list[Options]:
+    """The options a joint or lookahead search tries in turn: `options`, and with shared
+    reads the same without views (their plans are then priced with views, `_repriced`)."""
+    return [options] + ([dataclasses.replace(options, shared_reads=False)]
+                        if options.shared_reads else [])
 
 
 def _storage(options: Options) -> VariableStorage:
