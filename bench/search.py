@@ -367,16 +367,22 @@ def table(stored: dict) -> str:
                          f"{row['search_seconds']:.2f} | {row['recursion_bytes']:.0f} | "
                          f"{row['recursion_seconds']:.2f} | "
                          f"{row['search_bytes'] / row['recursion_bytes']:.3f} |")
-        others = [r for r in rows.values() if not r["joint"]]
-        ratios = sorted(r["search_seconds"] / r["recursion_seconds"] for r in others)
+        others = {k: r for k, r in rows.items() if not r["joint"]}
+        ratios = {}                            # device count -> search / recursion seconds
+        for name, row in others.items():
+            ratios.setdefault(name.split("@")[1], []).append(
+                row["search_seconds"] / row["recursion_seconds"])
+        per_count = ", ".join(f"{d}: {statistics.median(r):.2f} ({max(r):.2f})"
+                              for d, r in sorted(ratios.items()))
+        fewer = sum(r["search_bytes"] < r["recursion_bytes"] for r in others.values())
         lines.append(f"\nStock Keras models (tofu_tf.models.keras_models, batch 8) at 4, 6, 8 "
                      f"devices (`Topology.default`): {len(rows)} searches; the rows are the "
                      f"{len(joint)} whose plan is the joint optimum of all levels (the joint "
                      f"problem fits `Options.joint_choices`). On the other {len(others)} the "
-                     f"plan is the recursion's ({sum(r['search_bytes'] == r['recursion_bytes'] for r in others)} "
-                     f"with the same bytes), search time / recursion alone: "
-                     f"median {statistics.median(ratios):.2f}, largest {ratios[-1]:.2f} "
-                     f"(one run each).")
+                     f"plan is the recursion's or, at three levels, the lookahead's where it "
+                     f"is cheaper ({fewer} move fewer bytes than the recursion's); search "
+                     f"time / recursion alone per device count, median (largest): "
+                     f"{per_count} (one run each).")
     if stored.get("gap"):
         lines += ["", "| tiny model @ topology | recursion B | search B | search s | "
                       "lookahead B (s) | joint optimum B | recursion gap | search gap | "
