@@ -1,6 +1,7 @@
 """The search over all levels at once: on graphs whose joint problem fits
 `Options.joint_choices`, the plan moves exactly the joint optimum's bytes, which HiGHS
-proves independently (ILP over the joint choices), and never more than the recursion's."""
+proves independently (ILP over the joint choices), and never more than the recursion's.
+Past it, at three levels, the lookahead (each level fixed by its two-level optimum)."""
 
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ def _check(graph, entries, topology, options=Options()):
 
 # Every tiny reference model at every multi-level topology whose joint problem fits the
 # default Options.joint_choices (the Transformer and WResNet at 2x2x2 do not: see
-# bench/results/search.md, the gap table; the Transformer's fits a larger limit, below).
+# bench/results/search.md, the gap table; the Transformer's lookahead plans its optimum,
+# which a larger limit proves, below).
 DEFAULT_JOINT = [("mlp", "2x2"), ("mlp", "2x4"), ("mlp", "2x2x2"), ("lstm", "2x2"),
                  ("lstm", "2x4"), ("lstm", "2x2x2"), ("transformer", "2x2"),
                  ("transformer", "2x4"), ("wresnet", "2x2"), ("wresnet", "2x4")]
