@@ -379,10 +379,18 @@ def table(stored: dict) -> str:
                      f"devices (`Topology.default`): {len(rows)} searches; the rows are the "
                      f"{len(joint)} whose plan is the joint optimum of all levels (the joint "
                      f"problem fits `Options.joint_choices`). On the other {len(others)} the "
-                     f"plan is the recursion's or, at three levels, the lookahead's where it "
-                     f"is cheaper ({fewer} move fewer bytes than the recursion's); search "
-                     f"time / recursion alone per device count, median (largest): "
-                     f"{per_count} (one run each).")
+                     f"plan is the recursion's ({fewer} move fewer bytes); search time / "
+                     f"recursion alone per device count, median (largest): {per_count} "
+                     f"(one run each).")
+    if stored.get("stock_lookahead"):       # the stock searches with Options.lookahead
+        rows = [r for k, r in stored["stock_lookahead"].items() if k.endswith("@8")]
+        ratios = [r["search_seconds"] / r["recursion_seconds"] for r in rows]
+        fewer = sum(r["search_bytes"] < r["recursion_bytes"] for r in rows)
+        lines.append(f"\nWith `Options(lookahead=True)` at 8 devices (2x2x2; one run each, "
+                     f"{stored['stock_lookahead_machine']['cpu']}): {fewer} of {len(rows)} "
+                     f"stock models move fewer bytes than the recursion; search time / "
+                     f"recursion alone median {statistics.median(ratios):.2f}, largest "
+                     f"{max(ratios):.2f}.")
     if stored.get("gap"):
         lines += ["", "| tiny model @ topology | recursion B | search B | search s | "
                       "lookahead B (s) | joint optimum B | recursion gap | search gap | "
@@ -406,10 +414,9 @@ def table(stored: dict) -> str:
                      "; search: the default, all levels at once where the joint problem has at "
                      "most `Options.joint_choices` (10000) joint choices (chains of one choice "
                      "per level, summed over ops) and its op tables fit (search/joint.py), "
-                     "marked (joint); where it does not, at three levels, the better of the "
-                     "recursion and the lookahead: each level but the last fixed by the "
-                     "joint optimum of it and the level below (`recursive.lookahead`; its "
-                     "own column runs it wherever that two-level problem fits). The "
+                     "marked (joint). Lookahead: each level but the last fixed by the "
+                     "joint optimum of it and the level below (`Options.lookahead`, "
+                     "`recursive.lookahead`), where that two-level problem fits. The "
                      "last column fixes level 1 (states and choices) to the joint optimum's and"
                      " solves the levels below: equal to the joint optimum, the whole gap is "
                      "level 1 chosen by its own cost alone.")

@@ -27,6 +27,8 @@ flags.DEFINE_float("flop_bytes", None, "bytes moved one flop of repeated computa
 flags.DEFINE_float("transfer_bytes", 0.0, "bytes moved one transfer's latency is worth in the "
                    "search (0: transfers only break ties; this_cpu's link latency x "
                    "bandwidth is 2.56e6)")
+flags.DEFINE_bool("lookahead", False, "at three or more levels, also fix each level by the "
+                  "joint optimum of it and the level below (Options.lookahead)")
 flags.DEFINE_bool("shared_reads", False, "price a tensor several ops read from other devices "
                   "once, as the emitter moves it (Options.shared_reads)")
 flags.DEFINE_bool("early_updates", False, "run each update as soon as its gradient is "
@@ -86,6 +88,7 @@ def options(**overrides):
     return Options(memory_budget_bytes=budget, recompute=policy, early_updates=early,
                    step_profile=FLAGS.step_profile, flop_bytes=FLAGS.flop_bytes,
                    transfer_bytes=FLAGS.transfer_bytes, shared_reads=FLAGS.shared_reads,
+                   lookahead=FLAGS.lookahead,
                    pipeline_stages=0 if FLAGS.pipeline else FLAGS.pipeline_stages, **overrides)
 
 

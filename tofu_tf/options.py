@@ -82,6 +82,13 @@ class Options:
     # priced with them (search/recursive.py: the two accounts pick different upper levels).
     # 0: the recursion alone. Bytes objective, no memory budget.
     joint_choices: int = 10_000
+    # At three or more levels, where the joint problem is past joint_choices, also plan
+    # the lookahead (search/recursive.py): each level but the last fixed by the joint
+    # optimum of it and the level below, each such problem within joint_choices; the
+    # cheaper plan wins. It closes most of the recursion's gap on the tiny models (the
+    # Transformer at 2x2x2 to its joint optimum) but found no cheaper plan on any stock
+    # Keras model at 8 devices, at up to 14x the recursion's time (bench/results/search.md).
+    lookahead: bool = False
     # Price a tensor that several ops read from other devices as the emitter moves it: a
     # region a device lacks is received once, whoever reads it. Its readers read it through
     # a view (search/problem.with_views) that may be assembled whole on every part once

@@ -1,7 +1,7 @@
 """The search over all levels at once: on graphs whose joint problem fits
 `Options.joint_choices`, the plan moves exactly the joint optimum's bytes, which HiGHS
 proves independently (ILP over the joint choices), and never more than the recursion's.
-Past it, at three levels, the lookahead (each level fixed by its two-level optimum)."""
+Past it, at three levels, Options.lookahead (each level fixed by its two-level optimum)."""
 
 from __future__ import annotations
 
@@ -50,8 +50,8 @@ def _check(graph, entries, topology, options=Options()):
 
 # Every tiny reference model at every multi-level topology whose joint problem fits the
 # default Options.joint_choices (the Transformer and WResNet at 2x2x2 do not: see
-# bench/results/search.md, the gap table; the Transformer's lookahead plans its optimum,
-# which a larger limit proves, below).
+# bench/results/search.md, the gap table; the Transformer's with Options.lookahead plans
+# its optimum, which a larger limit proves, below).
 DEFAULT_JOINT = [("mlp", "2x2"), ("mlp", "2x4"), ("mlp", "2x2x2"), ("lstm", "2x2"),
                  ("lstm", "2x4"), ("lstm", "2x2x2"), ("transformer", "2x2"),
                  ("transformer", "2x4"), ("wresnet", "2x2"), ("wresnet", "2x4")]
@@ -68,13 +68,15 @@ def test_the_plan_is_the_joint_ilp_optimum(name, topology):
 def test_past_the_default_limit_the_lookahead_plans_the_transformers_joint_optimum():
     """The Transformer at 2x2x2: 12894 chains, op tables of 179 chains x 250047 entries,
     past the default limit; each level fixed by its optimum with the level below (3467
-    chains) plans the joint optimum all the same, which a larger limit proves."""
+    chains: Options.lookahead) plans the joint optimum all the same, which a larger limit
+    proves."""
     graph, entries = graph_of("transformer")
     topology = Topology.parse("2x2x2")
-    default = search(graph, topology, entries=entries)
-    assert not default.joint
+    ahead = search(graph, topology, entries=entries, options=Options(lookahead=True))
+    assert not ahead.joint
     plan, recursion = _check(graph, entries, topology, Options(joint_choices=20_000))
-    assert default.objective == plan.objective < recursion.objective
+    assert ahead.objective == plan.objective < recursion.objective
+    assert search(graph, topology, entries=entries).objective == recursion.objective
 
 
 @pytest.mark.parametrize("name", ["mlp", "lstm"])

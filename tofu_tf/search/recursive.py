@@ -14,8 +14,9 @@ the slowest links.
 
 Each level fixed by its own cost alone may leave costlier levels below. Where the joint
 problem of all levels is small (search/joint.py, `Options.joint_choices`) the search also
-plans its optimum; at three or more levels where it is not, the lookahead: each level
-fixed by the joint optimum of it and the level below. The cheapest plan wins.
+plans its optimum; at three or more levels where it is not, with `Options.lookahead`, the
+lookahead: each level fixed by the joint optimum of it and the level below. The cheapest
+plan wins.
 """
 
 from __future__ import annotations
@@ -195,7 +196,8 @@ def _search(graph, topology, solver, entries, options, memory_weight, cache,
                             deadline)
         if joint_plan is not None:
             results.append(joint_plan)
-        elif len(topology.levels) > 2 and len(graph) <= options.joint_choices:
+        elif options.lookahead and len(topology.levels) > 2 and \
+                len(graph) <= options.joint_choices:
             ahead = _lookahead(graph, topology, entries, coarse, options, solver, cache,
                                deadline)
             if ahead is not None:
