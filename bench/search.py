@@ -27,6 +27,8 @@ Sections (each merged into bench/results/search.json; the tables go to search.md
   how much of the search's excess is on tensors that two or more ops read from other
   devices (the emitter sends a region a device lacks once, whoever reads it); without and
   with `Options.shared_reads` (views: such a tensor priced once).
+- stock_lookahead: the stock section with `Options(lookahead=True)` (the table reports
+  its 8-device rows: three levels, where the lookahead runs).
 - stock: every stock Keras model of tofu_tf.models.keras_models (batch 8, its small
   test sizes) at 4, 6 and 8 devices (`Topology.default`: 2x2, 3x2, 2x2x2): the default
   search against the recursion alone (`Options(joint_choices=0)`), bytes and seconds, and
@@ -387,7 +389,7 @@ def table(stored: dict) -> str:
         ratios = [r["search_seconds"] / r["recursion_seconds"] for r in rows]
         fewer = sum(r["search_bytes"] < r["recursion_bytes"] for r in rows)
         lines.append(f"\nWith `Options(lookahead=True)` at 8 devices (2x2x2; one run each, "
-                     f"{stored['stock_lookahead_machine']['cpu']}): {fewer} of {len(rows)} "
+                     f"{stored['machines']['stock_lookahead']['cpu']}): {fewer} of {len(rows)} "
                      f"stock models move fewer bytes than the recursion; search time / "
                      f"recursion alone median {statistics.median(ratios):.2f}, largest "
                      f"{max(ratios):.2f}.")
@@ -459,9 +461,10 @@ def table(stored: dict) -> str:
     return "\n".join(lines)
 
 
-def stock() -> dict:
+def stock(lookahead: bool = False) -> dict:
     """Per stock Keras model and device count: the default search (all levels at once
-    where the joint problem fits) against the recursion alone, one run each."""
+    where the joint problem fits), or with `Options(lookahead=True)`, against the
+    recursion alone, one run each."""
     from tofu_tf.importer.graphdef_io import import_concrete_function
     from tofu_tf.models.keras_models import KERAS_MODELS, build_keras_step
     from tofu_tf.op_semantics.catalog import catalog
@@ -476,7 +479,8 @@ def stock() -> dict:
         for devices in (4, 6, 8):
             topology = Topology.default(devices)
             start = time.perf_counter()
-            plan = search(graph, topology, entries=entries)
+            plan = search(graph, topology, entries=entries,
+                          options=Options(lookahead=lookahead))
             middle = time.perf_counter()
             recursion = search(graph, topology, entries=entries,
                                options=Options(joint_choices=0))
@@ -505,7 +509,8 @@ def main(argv) -> int:
             "end_to_end": ("end_to_end", lambda: end_to_end(FLAGS.repeats)),
             "backends": ("backends", lambda: backends(FLAGS.repeats)),
             "loaded": ("loaded", lambda: loaded(FLAGS.repeats)), "gap": ("gap", gap),
-            "accounts": ("accounts", accounts), "stock": ("stock", stock)}
+            "accounts": ("accounts", accounts), "stock": ("stock", stock),
+            "stock_lookahead": ("stock_lookahead", lambda: stock(lookahead=True))}
     if sections - runs.keys():
         raise app.UsageError(f"unknown --sections {sorted(sections - runs.keys())}; "
                              f"choose from {sorted(runs)}")

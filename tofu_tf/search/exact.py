@@ -58,19 +58,23 @@ def recursion_under(graph: Graph, topology: Topology,
     states, labels = first_level
     solver = upper_fixed([functools.partial(fixed_result, assignment=states, labels=labels)],
                          solve_level)
-    return search(graph, topology, solver=solver, entries=entries,
-                  options=dataclasses.replace(options,
-                                              variable_storage=VariableStorage.REPLICABLE))
+    return _replicable_search(graph, topology, solver, entries, options)
 
 
 def lookahead_search(graph: Graph, topology: Topology, *,
                      entries: dict[str, OpEntry] | None = None,
                      options: Options = Options()) -> SearchResult:
     """The recursion with each level but the last fixed by the joint optimum of it and
-    the level below (recursive.lookahead), under the replicable policy; what the search
-    plans where the joint problem of all levels is too large. Raises
+    the level below (recursive.lookahead), under the replicable policy: the candidate
+    Options.lookahead adds where the joint problem of all levels is too large. Raises
     recursive.NoLookahead where level 1's two-level problem is too large too."""
     solver = lookahead(topology.ways, solve_level, options.joint_choices)
+    return _replicable_search(graph, topology, solver, entries, options)
+
+
+def _replicable_search(graph, topology, solver, entries, options) -> SearchResult:
+    """One recursion by `solver` (a stateful solver serves one recursion: the replicable
+    policy only, whatever `options` say)."""
     return search(graph, topology, solver=solver, entries=entries,
                   options=dataclasses.replace(options,
                                               variable_storage=VariableStorage.REPLICABLE))
