@@ -26,8 +26,8 @@ def _source(name: str) -> str:
 
 def execution_order(graph_def: graph_pb2.GraphDef, fetches: Iterable[str] = ()) -> list[int]:
     """Indices of the nodes a step fetching `fetches` runs (all nodes if none given), in
-    a topological order, ties broken by the order in the GraphDef (for a graph built
-    front to back, that order itself)."""
+    a topological order: the nodes without inputs first, then ties broken by the order in
+    the GraphDef (for a graph built front to back, that order itself)."""
     nodes = graph_def.node
     return order([node.name for node in nodes], [list(node.input) for node in nodes], fetches)
 
@@ -45,9 +45,15 @@ def order(names: Sequence[str], inputs: Sequence[Sequence[str]], fetches: Iterab
             if i not in runs:
                 runs.add(i)
                 stack.extend(preds[i])
-    ordered = stable_topological_order([preds[i] if i in runs else () for i in
-                                        range(len(preds))])
-    return [i for i in ordered if i in runs]
+    # Nodes without inputs (constants, handles, feeds) first: the executor starts them
+    # all at once, and one placed after its readers (a constant the emitter made for an
+    # early node and reused for a late one) would otherwise hold back every node that
+    # waits for those readers.
+    rank = sorted(range(len(preds)), key=lambda i: (bool(preds[i]), i))
+    at = {i: r for r, i in enumerate(rank)}
+    ordered = stable_topological_order([{at[p] for p in preds[i]} if i in runs else ()
+                                        for i in rank])
+    return [rank[r] for r in ordered if rank[r] in runs]
 
 
 def chain(names: Sequence[str], ops: Sequence[str], devices: Sequence[str],
