@@ -80,7 +80,8 @@ class Options:
     # keep its plan where it moves fewer bytes than the recursion's, which fixes each
     # level before the next. With shared_reads, also the recursion's plan without them
     # priced with them (search/recursive.py: the two accounts pick different upper levels).
-    # 0: the recursion alone. Bytes objective, no memory budget.
+    # 0: the recursion alone. Not under a memory weight; under Objective.TIME its plan is
+    # one more candidate, ranked by predicted transfer time like the others.
     joint_choices: int = 10_000
     # At three or more levels, where the joint problem is past joint_choices, also plan
     # the lookahead (search/recursive.py): each level but the last fixed by the joint

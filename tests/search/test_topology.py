@@ -49,15 +49,20 @@ def test_hosts_cut_across_hosts_first_and_name_each_device():
         Topology.hosts(0, 4)
 
 
-@pytest.mark.parametrize("model", ["mlp", "transformer", "wresnet"])
-def test_time_objective_never_predicts_slower_transfers_than_bytes(model):
+@pytest.mark.parametrize("model,lookahead", [("mlp", False), ("transformer", False),
+                                             ("wresnet", False), ("transformer", True)])
+def test_time_objective_never_predicts_slower_transfers_than_bytes(model, lookahead):
+    """Whatever plans the bytes objective weighs (with the lookahead, one more), the time
+    objective weighs too, by their predicted transfer time."""
     from tofu_tf.options import Objective, Options
     from tofu_tf.search.plan import make_plan
     from tests.search.test_search import graph_of
     graph = graph_of(model, "adam")
     topology = Topology.hosts(2, 4, inter=(1e9, 1e-4), intra=(300e9, 1e-6))
-    by_bytes = make_plan(graph, topology, options=Options(objective=Objective.BYTES))
-    by_time = make_plan(graph, topology, options=Options(objective=Objective.TIME))
+    by_bytes = make_plan(graph, topology, options=Options(objective=Objective.BYTES,
+                                                          lookahead=lookahead))
+    by_time = make_plan(graph, topology, options=Options(objective=Objective.TIME,
+                                                         lookahead=lookahead))
     assert by_time.transfer_seconds <= by_bytes.transfer_seconds
     assert by_bytes.total_bytes <= by_time.total_bytes
     # the first level crosses the slow links: its bytes dominate the predicted time

@@ -190,8 +190,7 @@ def _search(graph, topology, solver, entries, options, memory_weight, cache,
             results.append(run(policy))
     objective = options.objective
     joint_plan = None
-    if exact_dp and len(topology.levels) > 1 and objective is Objective.BYTES and \
-            not memory_weight:
+    if exact_dp and len(topology.levels) > 1 and not memory_weight:
         joint_plan = _joint(graph, topology, entries, coarse, options, solver, cache,
                             deadline)
         if joint_plan is not None:
