@@ -83,6 +83,11 @@ class Options:
     # 0: the recursion alone. Not under a memory weight; under Objective.TIME its plan is
     # one more candidate, ranked by predicted transfer time like the others.
     joint_choices: int = 10_000
+    # Where that problem is within joint_choices but the DP's tables would be too large
+    # (with shared reads, the views' groups widen them: the LSTM at 2x4), HiGHS solves it
+    # if its ILP has at most joint.ILP_VARIABLES columns; its answer counts where HiGHS
+    # proves it optimal within these seconds. 0: the DP alone.
+    joint_ilp_seconds: float = 10.0
     # At three or more levels, where the joint problem is past joint_choices, also plan
     # the lookahead (search/recursive.py): each level but the last fixed by the joint
     # optimum of it and the level below, each such problem within joint_choices; the
@@ -160,6 +165,11 @@ class Options:
                             "of stages is a whole number >= 0.",
                             fix="pass 1 (no pipeline), a stage count that divides the "
                                 "devices, or 0 (the search chooses).")
+        if not (isinstance(self.joint_ilp_seconds, (int, float))
+                and math.isfinite(self.joint_ilp_seconds) and self.joint_ilp_seconds >= 0):
+            raise TofuError(f"Options.joint_ilp_seconds is {self.joint_ilp_seconds!r}: a time "
+                            "limit is a finite number of seconds >= 0.",
+                            fix="pass 0 (the joint DP alone) or a positive number of seconds.")
         for name in ("flop_bytes", "transfer_bytes"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float))

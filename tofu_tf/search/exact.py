@@ -89,5 +89,5 @@ def joint_optimum(graph: Graph, topology: Topology,
     (bytes plus repeated work, search/level.py): a lower bound of every recursive plan's
     objective."""
     joint = joint_model(graph, topology, max_joint_choices=max_joint_choices,
-                        options=options)
+                        options=options, method=method)
     return joint.solve(method, time_limit).cost

@@ -218,11 +218,17 @@ def _marginal_rows(program: _Program, values, finite, entry, state_row, y_of_ent
 
 
 def ilp_minimum(model: LevelModel, time_limit: float = DEFAULT_TIME_LIMIT,
-                form: Linearisation = Linearisation.MARGINAL) -> IlpSolution:
+                form: Linearisation = Linearisation.MARGINAL,
+                max_variables: int | None = None) -> IlpSolution:
     """Minimise the model's objective by ILP. Needs only `vectors`, `domains` and
-    `coarse.group_of` of the model. Raises PlanInfeasibleError if HiGHS finds nothing."""
+    `coarse.group_of` of the model. Raises PlanInfeasibleError if HiGHS finds nothing,
+    or before solving where the program has more than `max_variables` columns."""
     start = time.perf_counter()
     program = _build(model, form)
+    if max_variables is not None and program.num_columns > max_variables:
+        raise PlanInfeasibleError(
+            f"the ILP has {program.num_columns} variables, more than {max_variables}.",
+            fix="solve it by the DP, or call ilp_minimum without max_variables.")
     result = program.solve(time_limit)
     if result.x is None:
         raise PlanInfeasibleError(

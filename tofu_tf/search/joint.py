@@ -34,6 +34,7 @@ import enum
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -52,6 +53,9 @@ from tofu_tf.search.problem import (Choice, Problem, ProblemOp, SearchCache, Ten
 from tofu_tf.search.topology import Topology
 
 MAX_JOINT_CHOICES = 1_000_000        # joint choices summed over ops, before giving up
+# Most ILP columns `optimum` gives HiGHS where the DP's tables are too large: the LSTM at
+# 2x4 with shared reads has 66338 (proved in 2.5 s), the Transformer 144728 (87 s).
+ILP_VARIABLES = 100_000
 # Most chains x table entries of one op: the min over chains (level._min_table) takes
 # about a second per 2^26 (the Transformer's largest at 2x2x2: 179 x 250047).
 MAX_OP_TABLE = 2 ** 26
@@ -376,13 +380,14 @@ class JointModel:
         return total
 
     def solve(self, method: JointMethod = JointMethod.DP,
-              time_limit: float = DEFAULT_TIME_LIMIT) -> JointSolution:
+              time_limit: float = DEFAULT_TIME_LIMIT,
+              max_variables: int | None = None) -> JointSolution:
         start = time.perf_counter()
         found = {}
         if method in (JointMethod.DP, JointMethod.BOTH):
             found[JointMethod.DP] = self._dp()
         if method in (JointMethod.ILP, JointMethod.BOTH):
-            found[JointMethod.ILP] = self._ilp(time_limit)
+            found[JointMethod.ILP] = self._ilp(time_limit, max_variables)
         costs = [self.model.evaluate(leaves)[0] for leaves in found.values()]
         if not math.isclose(min(costs), max(costs), rel_tol=1e-9):
             raise TofuError(f"the joint DP and ILP disagree: {dict(zip(found, costs))}.",
@@ -394,14 +399,14 @@ class JointModel:
         solution = dp.solve(self.model.domains, self.model.factors()[0],
                             order=_order(self.model.coarse))
         if not solution.exact:
-            raise TofuError(
+            raise JointTooWide(
                 f"the joint DP needed a table larger than {dp.MAX_TABLE} entries "
                 f"(largest {solution.max_table}); its answer would not be exact.",
                 fix="use JointMethod.ILP for this graph.")
         return solution.assignment
 
-    def _ilp(self, time_limit: float) -> tuple[int, ...]:
-        solution = ilp_minimum(self.model, time_limit)
+    def _ilp(self, time_limit: float, max_variables: int | None) -> tuple[int, ...]:
+        solution = ilp_minimum(self.model, time_limit, max_variables=max_variables)
         if not solution.optimal:
             raise PlanInfeasibleError(
                 f"HiGHS did not prove the joint ILP optimal within {time_limit:g} s "
@@ -440,30 +445,39 @@ class JointTooLarge(TofuError):
                    fix="use fewer levels or devices, or a smaller model.", **where)
 
 
+class JointTooWide(JointTooLarge):
+    """The joint problem is within its limits, but the DP's elimination would build a
+    table past dp.MAX_TABLE: HiGHS may still solve it (`optimum`)."""
+
+
 def joint_model(graph: Graph, topology: Topology, *,
                 entries: dict[str, OpEntry] | None = None,
                 max_joint_choices: int = MAX_JOINT_CHOICES,
                 coarse: CoarseGraph | None = None, options: Options = Options(),
                 storage: VariableStorage = VariableStorage.REPLICABLE,
                 cache: SearchCache | None = None,
-                max_op_table: int = MAX_OP_TABLE) -> JointModel:
+                max_op_table: int = MAX_OP_TABLE,
+                method: JointMethod = JointMethod.DP) -> JointModel:
     """Build the joint problem of every level of `topology` (see the module docstring)
     over the plans the recursion searches under `options` and variable `storage`.
     Raises JointTooLarge past `max_joint_choices`, or an op past `max_op_table` chains x
     table entries (its table takes about a second per 2^26 and a chunk of memory; WResNet
-    at 2x2x2 needs 2^28: two minutes, 1.4 GB)."""
+    at 2x2x2 needs 2^28: two minutes, 1.4 GB), and for `method` DP JointTooWide where the
+    DP's elimination would be past dp.MAX_TABLE."""
     entries = entries if entries is not None else catalog(graph, strict=True)
     coarse = coarse if coarse is not None else coarsen(graph, entries)
     root = next(level_models(graph, topology, entries, coarse, options, storage, cache))
-    return joint_below(root, topology.ways, max_joint_choices, max_op_table)
+    return joint_below(root, topology.ways, max_joint_choices, max_op_table, method)
 
 
 def joint_below(root: LevelModel, ways: tuple[int, ...],
                 max_joint_choices: int = MAX_JOINT_CHOICES,
-                max_op_table: int = MAX_OP_TABLE) -> JointModel:
+                max_op_table: int = MAX_OP_TABLE,
+                method: JointMethod = JointMethod.DP) -> JointModel:
     """The joint problem of the levels `ways` from the level of `root` down (its cut is
     ways[0]; the recursion's model of any level, whose levels above are fixed): c_1 + k_1
-    c_2 + ... counted from that level. Raises JointTooLarge past `max_joint_choices`."""
+    c_2 + ... counted from that level. Raises JointTooLarge past `max_joint_choices`, and
+    for `method` DP JointTooWide past the DP's table bound."""
     base, coarse = root.problem, root.coarse                           # with the views
     walk = _Walk(base, coarse, ways, max_joint_choices, root.flop_bytes,
                  root.transfer_bytes / math.prod(ways[1:]))
@@ -496,11 +510,11 @@ def joint_below(root: LevelModel, ways: tuple[int, ...],
     domains = [tree.size for tree in trees]
     width = dp.largest_table(domains, [tuple(g for g in scopes[op.name] if domains[g] > 1)
                                        for op in base.ops], _order(coarse))
-    if width > dp.MAX_TABLE:
-        raise JointTooLarge(f"the joint DP would need a table of {width} entries, more than "
-                            f"{dp.MAX_TABLE} (at {'x'.join(map(str, ways))}); it is meant "
-                            f"for tiny graphs.", fix="use fewer levels or devices, or a "
-                            "smaller model.")
+    if width > dp.MAX_TABLE and method is JointMethod.DP:
+        raise JointTooWide(f"the joint DP would need a table of {width} entries, more than "
+                           f"{dp.MAX_TABLE} (at {'x'.join(map(str, ways))}); it is meant "
+                           f"for tiny graphs.", fix="use fewer levels or devices, or a "
+                           "smaller model, or JointMethod.ILP.")
     vectors, keys, made = {}, {}, {}
     for op in base.ops:
         tensors, scope = op.inputs + op.outputs, scopes[op.name]
@@ -522,3 +536,20 @@ def joint_below(root: LevelModel, ways: tuple[int, ...],
                             for _, joint in choices]
     model = LevelModel(None, coarse, vectors, domains)
     return JointModel(model, trees, keys, ways)
+
+
+def optimum(build: Callable[..., JointModel], ilp_seconds: float = 0.0
+            ) -> tuple[JointModel, JointSolution]:
+    """The joint model `build(method=...)` makes and its optimum: by the DP, or where the DP's
+    tables would be too large (JointTooWide) by HiGHS, if `ilp_seconds` > 0 and the ILP
+    has at most ILP_VARIABLES columns; an ILP answer counts only where HiGHS proves it
+    optimal within `ilp_seconds`. Raises JointTooLarge, or PlanInfeasibleError where
+    HiGHS is not given or does not prove it."""
+    try:
+        model = build(method=JointMethod.DP)
+        return model, model.solve()
+    except JointTooWide:
+        if ilp_seconds <= 0:
+            raise
+    model = build(method=JointMethod.ILP)
+    return model, model.solve(JointMethod.ILP, ilp_seconds, max_variables=ILP_VARIABLES)

@@ -447,7 +447,8 @@ def _pending_entries(problem, op, choice, batch: _Batch) -> list[tuple]:
         size = box_volume(domain)
         if state.kind == "partial":    # the group reduces all it produced (collectives.py)
             entries.append(("partial", ("out", o), spec, None,
-                            math.prod(op.sem.output_shapes[o])))
+                            (math.prod(op.sem.output_shapes[o]),
+                             math.prod(spec.shape) - size)))
         elif state.kind == "split":
             entries.append(("convert", ("out", o), spec,
                             batch.add((domain,) * problem.k, spec.shape),
@@ -475,8 +476,8 @@ def _finish(problem, entry, volumes, pairs, rank, columns
     every further copy an inner device needs is counted here, so the levels add up to the
     bytes each device really receives:
     fetch  += extra copies of delivered input elements (the same for every state);
-    convert, replicated state += (k - 1) x the stored elements produced outside the group
-    (all of them for an output an outer level reduced: ProblemOp.reduced).
+    convert, partial, replicated state += (k - 1) x the stored elements produced outside
+    the group (all of them for an output an outer level reduced: ProblemOp.reduced).
     A Partial output reduces all the op's local output, the part other groups store too.
     A G(d) state (a view: with_views) is assembled whole on every part, once, from what
     the parts produced, as the emitter's readers take it: its conversion is R's (a
@@ -496,8 +497,10 @@ def _finish(problem, entry, volumes, pairs, rank, columns
         moved = spec.itemsize * (row[rank] - np.where(found.whole > 0, row[rank], row[cols])
                                  + second)
         count = pairs[first][cols] * (1 - found.whole)
-    elif kind == "partial":                      # second: |domain|
-        moved = spec.itemsize * (k - 1) * second * found.reduce_factors
+    elif kind == "partial":                      # second: |domain|, outside
+        produced, outside = second
+        moved = spec.itemsize * (k - 1) * (produced * found.reduce_factors
+                                           + found.whole * outside)
         count = k * (k - 1) * found.reduce_factors
     else:
         produced_index, outside = second

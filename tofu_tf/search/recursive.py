@@ -244,12 +244,12 @@ def _joint(graph, topology, entries, coarse, options, solver, cache, deadline
     start = time.perf_counter()
     for tried in _view_tries(options):
         try:
-            model = joint.joint_model(graph, topology, entries=entries, coarse=coarse,
-                                      options=tried, storage=storage, cache=cache,
-                                      max_joint_choices=options.joint_choices)
-            best = model.solve()
+            model, best = joint.optimum(functools.partial(
+                joint.joint_model, graph, topology, entries=entries, coarse=coarse,
+                options=tried, storage=storage, cache=cache,
+                max_joint_choices=options.joint_choices), options.joint_ilp_seconds)
             break
-        except TofuError as err:                  # too large, or the DP not exact
+        except TofuError as err:     # too large, or neither the DP nor HiGHS exact
             logging.debug("no joint search (shared reads %s): %s", tried.shared_reads, err)
     else:
         return None
