@@ -165,16 +165,18 @@ class Options:
                             "of stages is a whole number >= 0.",
                             fix="pass 1 (no pipeline), a stage count that divides the "
                                 "devices, or 0 (the search chooses).")
-        if not (isinstance(self.joint_ilp_seconds, (int, float))
-                and math.isfinite(self.joint_ilp_seconds) and self.joint_ilp_seconds >= 0):
+        if not _finite_nonnegative(self.joint_ilp_seconds):
             raise TofuError(f"Options.joint_ilp_seconds is {self.joint_ilp_seconds!r}: a time "
                             "limit is a finite number of seconds >= 0.",
                             fix="pass 0 (the joint DP alone) or a positive number of seconds.")
         for name in ("flop_bytes", "transfer_bytes"):
             value = getattr(self, name)
-            if value is not None and not (isinstance(value, (int, float))
-                                          and math.isfinite(value) and value >= 0):
+            if value is not None and not _finite_nonnegative(value):
                 raise TofuError(f"Options.{name} is {value!r}: a price in bytes is a finite "
                                 "number >= 0.",
                                 fix="pass 0 (not priced), a positive number of bytes, or None "
                                     "(the step profile's rate).")
+
+
+def _finite_nonnegative(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value >= 0

@@ -547,9 +547,14 @@ def optimum(build: Callable[..., JointModel], ilp_seconds: float = 0.0
     HiGHS is not given or does not prove it."""
     try:
         model = build(method=JointMethod.DP)
-        return model, model.solve()
-    except JointTooWide:
+    except JointTooWide:             # told before the walk: build the ILP's model
         if ilp_seconds <= 0:
             raise
-    model = build(method=JointMethod.ILP)
+        model = build(method=JointMethod.ILP)
+    else:
+        try:
+            return model, model.solve()
+        except JointTooWide:         # the elimination went past its bound: same model
+            if ilp_seconds <= 0:
+                raise
     return model, model.solve(JointMethod.ILP, ilp_seconds, max_variables=ILP_VARIABLES)
