@@ -17,7 +17,8 @@ from tofu_tf.models import build
 from tofu_tf.op_semantics.catalog import catalog
 from tofu_tf.options import Options
 from tofu_tf.search.exact import JointMethod, joint_optimum, lookahead_search
-from tofu_tf.search.joint import JointTooLarge, JointTooWide, joint_model
+from tofu_tf.search.joint import (JointTooLarge, JointTooWide, joint_model,
+                                  least_joint_choices)
 from tofu_tf.search.recursive import NoLookahead, search
 from tofu_tf.search.topology import Topology
 from tofu_tf.tools.fuzz import HypothesisChooser, random_step
@@ -146,6 +147,18 @@ def test_an_op_table_past_its_bound_is_told_before_it_is_built():
     graph, entries = graph_of("mlp")
     with pytest.raises(JointTooLarge, match="more than 1000 in all"):
         joint_model(graph, Topology.parse("2x2"), entries=entries, max_op_table=1000)
+
+
+@pytest.mark.parametrize("name", ["mlp", "lstm", "transformer", "wresnet"])
+@pytest.mark.parametrize("topology", ["2x2", "2x4", "2x2x2"])
+def test_the_bound_a_search_skips_by_is_within_the_joint_models_own(name, topology):
+    """The search skips a joint problem whose least_joint_choices is past its limit without
+    building it: joint_model must then refuse it too, or the skip would drop a plan."""
+    graph, entries = graph_of(name)
+    least = least_joint_choices(graph, entries, Topology.parse(topology).ways)
+    with pytest.raises(JointTooLarge, match=rf"more than {least - 1}\b"):
+        joint_model(graph, Topology.parse(topology), entries=entries,
+                    max_joint_choices=least - 1)
 
 
 def test_one_level_is_the_recursion():

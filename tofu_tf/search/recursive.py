@@ -238,8 +238,8 @@ def _joint(graph, topology, entries, coarse, options, solver, cache, deadline
     joint problem outgrows its bounds sooner: then the joint optimum without views fixes
     the groups of every level but the last, the views' states are chosen under them
     (level.views_result), and the plan, priced with views, is one more candidate."""
-    if len(graph) > options.joint_choices:     # every op has a joint choice at least
-        return None
+    if joint.least_joint_choices(graph, entries, topology.ways) > options.joint_choices:
+        return None                 # past the limit with or without views
     storage = _storage(options)
     start = time.perf_counter()
     for tried in _view_tries(options):
