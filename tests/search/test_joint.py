@@ -22,6 +22,7 @@ from tofu_tf.search.joint import (JointTooLarge, JointTooWide, joint_model,
 from tofu_tf.search.recursive import NoLookahead, search
 from tofu_tf.search.topology import Topology
 from tofu_tf.tools.fuzz import HypothesisChooser, random_step
+from tests.rewrite.equivalence import compare
 
 _GRAPHS = {}
 # HiGHS's time on one joint ILP; past it the optimum comes from the exact DP over product
@@ -85,6 +86,12 @@ def test_past_the_default_limit_the_lookahead_plans_the_transformers_joint_optim
     plan, recursion = _check(graph, entries, topology, Options(joint_choices=20_000))
     assert ahead.objective == plan.objective < recursion.objective
     assert search(graph, topology, entries=entries).objective == recursion.objective
+
+
+def test_the_lookaheads_plan_trains_like_the_unpartitioned_step():
+    """The Transformer at 2x2x2, where the lookahead's plan is not the recursion's."""
+    compare("transformer", "adam", dtype="float64", topology="2x2x2",
+            options=Options(lookahead=True))
 
 
 @pytest.mark.parametrize("name", ["mlp", "lstm"])
