@@ -29,6 +29,9 @@ Sections (each merged into bench/results/search.json; the tables go to search.md
   with `Options.shared_reads` (views: such a tensor priced once).
 - stock_lookahead: the stock section with `Options(lookahead=True)` (the table reports
   its 8-device rows: three levels, where the lookahead runs).
+- views: each configuration at 4 and 8 devices, the search against the same with
+  `Options(shared_reads=True)`, at `--flop_bytes` as configs: median search seconds
+  (alternating runs), the plans' bytes and their emitted steps' (`--only` narrows it).
 - stock: every stock Keras model of tofu_tf.models.keras_models (batch 8, its small
   test sizes) at 4, 6 and 8 devices (`Topology.default`: 2x2, 3x2, 2x2x2): the default
   search against the recursion alone (`Options(joint_choices=0)`), bytes and seconds, and
@@ -309,6 +312,43 @@ def accounts(shapes=("2", "4", "8", "2x4", "2x2x2")) -> dict:
     return out
 
 
+def views(repeats: int) -> dict:
+    """Per paper configuration (and the GPT-2-medium-sized Transformer) at 4 and 8 devices:
+    the search against the same with `Options(shared_reads=True)` (views), both at
+    `--flop_bytes` (as configs: bytes alone by default), each run `repeats` times
+    alternately (both see the same drift of the machine): median search seconds, the bytes
+    each plan is priced at and the bytes its emitted step moves."""
+    from tofu_tf.api import predict
+    from tofu_tf.options import Options
+    from tofu_tf.search.plan import make_plan
+    from tofu_tf.search.topology import Topology
+    out = {}
+    for name in [c for c in FLAGS.only.split(",") if c] or list(configurations()):
+        imported, _ = load_imported(*configurations()[name])
+        for devices in (4, 8):
+            seconds, row = {False: [], True: []}, {"devices": devices, "config": name}
+            for _ in range(repeats):
+                for shared in (False, True):
+                    plan = make_plan(imported.graph, Topology.default(devices),
+                                     options=Options(flop_bytes=FLAGS.flop_bytes,
+                                                     shared_reads=shared))
+                    seconds[shared].append(plan.search_seconds)
+            for shared, label in ((False, "plain"), (True, "views")):
+                plan = make_plan(imported.graph, Topology.default(devices),
+                                 options=Options(flop_bytes=FLAGS.flop_bytes,
+                                                 shared_reads=shared))
+                row[label] = {"search_seconds": statistics.median(seconds[shared]),
+                              "plan_bytes": plan.total_bytes,
+                              "emitted_bytes": predict(plan, imported)[0].predicted_bytes}
+            out[f"{name}@{devices}"] = row
+            print(f"{name} @ {devices}: emitted with / without views "
+                  f"{row['views']['emitted_bytes'] / row['plain']['emitted_bytes']:.4f}, "
+                  f"search s {row['plain']['search_seconds']:.2f} -> "
+                  f"{row['views']['search_seconds']:.2f}", flush=True)
+        del imported
+    return out
+
+
 def table(stored: dict) -> str:
     results = stored.get("results", {})
     lines = ["| config | devices | ops | search s (median) | search s before | plan GiB | "
@@ -453,6 +493,30 @@ def table(stored: dict) -> str:
                      "inside the groups the search prices each reader's copies of delivered "
                      "regions, the emitter sends a device each region once. Search s: "
                      "make_plan, one run.")
+    if stored.get("views"):
+        lines += ["", "| config @ devices | search s | with views s | plan GiB | with views | "
+                      "emitted GiB | with views | emitted with / without views |",
+                  "|---|---|---|---|---|---|---|---|"]
+        rows = stored["views"]
+        for name, row in sorted(rows.items()):
+            plain, seen = row["plain"], row["views"]
+            lines.append(f"| {name} | {plain['search_seconds']:.2f} | "
+                         f"{seen['search_seconds']:.2f} | {plain['plan_bytes'] / 2**30:.3f} | "
+                         f"{seen['plan_bytes'] / 2**30:.3f} | "
+                         f"{plain['emitted_bytes'] / 2**30:.3f} | "
+                         f"{seen['emitted_bytes'] / 2**30:.3f} | "
+                         f"{seen['emitted_bytes'] / plain['emitted_bytes']:.4f} |")
+        emitted = [r["views"]["emitted_bytes"] / r["plain"]["emitted_bytes"]
+                   for r in rows.values()]
+        slower = [r["views"]["search_seconds"] / r["plain"]["search_seconds"]
+                  for r in rows.values()]
+        lines.append(f"\nViews (`Options(shared_reads=True)`) on the paper configurations, bytes "
+                     f"alone (`--flop_bytes` 0, as the configurations above): the emitted step "
+                     f"moves {min(emitted):.3f}-{max(emitted):.3f}x the bytes of the plans "
+                     f"without them (median {statistics.median(emitted):.3f}); search time "
+                     f"{min(slower):.2f}-{max(slower):.2f}x (median "
+                     f"{statistics.median(slower):.2f}). Search s: median of the runs, "
+                     f"alternating; plan: the bytes the search prices its plan at.")
     if stored.get("machines"):
         lines += ["", "| section | machine | reference loop s |", "|---|---|---|"]
         for section, row in sorted(stored["machines"].items()):
@@ -510,7 +574,8 @@ def main(argv) -> int:
             "backends": ("backends", lambda: backends(FLAGS.repeats)),
             "loaded": ("loaded", lambda: loaded(FLAGS.repeats)), "gap": ("gap", gap),
             "accounts": ("accounts", accounts), "stock": ("stock", stock),
-            "stock_lookahead": ("stock_lookahead", lambda: stock(lookahead=True))}
+            "stock_lookahead": ("stock_lookahead", lambda: stock(lookahead=True)),
+            "views": ("views", lambda: views(FLAGS.repeats))}
     if sections - runs.keys():
         raise app.UsageError(f"unknown --sections {sorted(sections - runs.keys())}; "
                              f"choose from {sorted(runs)}")
