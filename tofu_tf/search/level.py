@@ -34,6 +34,7 @@ import itertools
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Mapping
 
 import numpy as np
 
@@ -136,6 +137,20 @@ class LevelModel:
             [[(used.index(r), v, n) for r, (_, v, n) in zip(row, entries)]
              for row, entries in zip(ranks, positional)],
             [self.domains[distinct[r]] for r in used], self.work(op), self.transfer_bytes))
+
+    def choice_table(self, op: str, choice: int, epsilon: float = 0.0) -> np.ndarray:
+        """One choice's table over the op's scope (op_scope): its bytes, work and
+        transfers' price, plus `epsilon` x its transfers (factors' ranking)."""
+        distinct, pattern = self._pattern(op)
+        n_in = len(self.vectors.ops[op].inputs)
+        used = [distinct.index(g) for g in self.op_scope(op)]
+        entries = self.vectors.positional(op)[choice]
+        work = self.work(op)[choice:choice + 1]
+        table, _, transfers = _min_table(
+            [[(used.index(pattern[i if kind == "in" else n_in + i]), v, n)
+              for (kind, i), v, n in entries]],
+            [self.domains[g] for g in self.op_scope(op)], work, self.transfer_bytes)
+        return table + epsilon * transfers
 
     def _named_table(self, op: str):
         """op_table from plain {op: [[(tensor, vector)]]} vectors (models built by hand:
@@ -385,24 +400,43 @@ def fixed_result(model: LevelModel, assignment: tuple[int, ...], labels: dict[st
                      {op: index[op][labels[op]] for op in model.vectors})
 
 
-def views_result(model: LevelModel, assignment: tuple[int, ...]) -> LevelResult:
+def views_result(model: LevelModel, assignment: tuple[int, ...],
+                 labels: Mapping[str, str] | None = None) -> LevelResult:
     """The level's best result with the states of its first len(assignment) groups fixed
     (the groups of a model without views, problem.with_views: the views come last) and
     the views' states free: the exact DP over the views, on the factors with the fixed
-    groups' axes taken at their states; each op its cheapest choice."""
+    groups' axes taken at their states; each op its cheapest choice, or with `labels`
+    (op -> choice label, the ops of the model without views) each such op that choice,
+    as that model's plan made it (the views' states chosen for those choices)."""
     start = time.perf_counter()
     fixed = len(assignment)
+    index = {} if labels is None else {
+        op: next(c for c, choice in enumerate(model.problem.choices[op])
+                 if choice.label == labels[op]) for op in model.vectors if op in labels}
+    if index:
+        epsilon = model._epsilon()
+        tables = [(model.op_scope(op), model.choice_table(op, index[op], epsilon))
+                  if op in index else (model.op_scope(op), model.op_table(op)[1]
+                                       + epsilon * model.op_table(op)[3])
+                  for op in model.vectors]
+    else:
+        tables = [(f.scope, f.table) for f in model.factors(ranked=True)[0]]
     factors = []                      # the factors with the fixed groups' axes taken
-    for factor in model.factors(ranked=True)[0]:
-        free = tuple(g for g in factor.scope if g >= fixed)
+    for scope, table in tables:
+        free = tuple(g for g in scope if g >= fixed)
         if free:
-            factors.append(dp.Factor(free, factor.table[tuple(
-                assignment[g] if g < fixed else slice(None) for g in factor.scope)]))
+            factors.append(dp.Factor(free, table[tuple(
+                assignment[g] if g < fixed else slice(None) for g in scope)]))
     solution = dp.solve(model.domains, factors,
                         order=sorted(range(len(model.domains)),
                                      key=lambda g: model.coarse.position[g]))
-    return result_of(model, tuple(assignment) + solution.assignment[fixed:], solution.exact,
-                     time.perf_counter() - start)
+    full = tuple(assignment) + solution.assignment[fixed:]
+    if not index:
+        return result_of(model, full, solution.exact, time.perf_counter() - start)
+    chosen = {op: index[op] if op in index else
+              int(model.op_table(op)[2].item(tuple(full[g] for g in model.op_scope(op))))
+              for op in model.vectors}
+    return result_of(model, full, solution.exact, time.perf_counter() - start, chosen)
 
 
 def result_of(model: LevelModel, assignment, exact: bool, seconds: float,
