@@ -140,17 +140,25 @@ class LevelModel:
 
     def choice_table(self, op: str, choice: int, epsilon: float = 0.0) -> np.ndarray:
         """One choice's table over the op's scope (op_scope): its bytes, work and
-        transfers' price, plus `epsilon` x its transfers (factors' ranking)."""
+        transfers' price, plus `epsilon` x its transfers (factors' ranking). Equal
+        geometries in the same group pattern share it, as op_table's."""
         distinct, pattern = self._pattern(op)
-        n_in = len(self.vectors.ops[op].inputs)
-        used = [distinct.index(g) for g in self.op_scope(op)]
-        entries = self.vectors.positional(op)[choice]
-        work = self.work(op)[choice:choice + 1]
-        table, _, transfers = _min_table(
-            [[(used.index(pattern[i if kind == "in" else n_in + i]), v, n)
-              for (kind, i), v, n in entries]],
-            [self.domains[g] for g in self.op_scope(op)], work, self.transfer_bytes)
-        return table + epsilon * transfers
+        geometry = self.problem.geometries[op]
+        key = ("choice", geometry, pattern, choice, epsilon)
+        found = self._shared.get(key) if geometry is not None else None
+        if found is None:
+            n_in = len(self.vectors.ops[op].inputs)
+            scope = self.op_scope(op)
+            used = [distinct.index(g) for g in scope]
+            table, _, transfers = _min_table(
+                [[(used.index(pattern[i if kind == "in" else n_in + i]), v, n)
+                  for (kind, i), v, n in self.vectors.positional(op)[choice]]],
+                [self.domains[g] for g in scope], self.work(op)[choice:choice + 1],
+                self.transfer_bytes)
+            found = table + epsilon * transfers
+            if geometry is not None:
+                self._shared[key] = found
+        return found
 
     def _named_table(self, op: str):
         """op_table from plain {op: [[(tensor, vector)]]} vectors (models built by hand:
