@@ -409,38 +409,33 @@ def fixed_result(model: LevelModel, assignment: tuple[int, ...], labels: dict[st
 
 
 def views_result(model: LevelModel, assignment: tuple[int, ...],
-                 labels: Mapping[str, str] | None = None) -> LevelResult:
-    """The level's best result with the states of its first len(assignment) groups fixed
-    (the groups of a model without views, problem.with_views: the views come last) and
-    the views' states free: the exact DP over the views, on the factors with the fixed
-    groups' axes taken at their states; each op its cheapest choice, or with `labels`
-    (op -> choice label, the ops of the model without views) each such op that choice,
-    as that model's plan made it (the views' states chosen for those choices)."""
+                 labels: Mapping[str, str]) -> LevelResult:
+    """The level's result with the states of its first len(assignment) groups fixed (the
+    groups of a model without views, problem.with_views: the views come last), and the
+    choices `labels` gives (op -> label: as the plan of that model made them); the views'
+    states free: the exact DP over the views, on each op's table of its choice (of an op
+    `labels` leaves out, a view's among them: its cheapest) with the fixed groups' axes
+    taken at their states."""
     start = time.perf_counter()
     fixed = len(assignment)
-    index = {} if labels is None else {
-        op: next(c for c, choice in enumerate(model.problem.choices[op])
-                 if choice.label == labels[op]) for op in model.vectors if op in labels}
-    if index:
-        epsilon = model._epsilon()
-        tables = [(model.op_scope(op), model.choice_table(op, index[op], epsilon))
-                  if op in index else (model.op_scope(op), model.op_table(op)[1]
-                                       + epsilon * model.op_table(op)[3])
-                  for op in model.vectors]
-    else:
-        tables = [(f.scope, f.table) for f in model.factors(ranked=True)[0]]
-    factors = []                      # the factors with the fixed groups' axes taken
-    for scope, table in tables:
+    index = {op: next(c for c, choice in enumerate(model.problem.choices[op])
+                      if choice.label == labels[op])
+             for op in model.vectors if op in labels}
+    epsilon = model._epsilon()                  # ranked as factors(ranked=True)
+    factors = []                      # the tables with the fixed groups' axes taken
+    for op in model.vectors:
+        scope = model.op_scope(op)
         free = tuple(g for g in scope if g >= fixed)
         if free:
+            _, table, _, transfers = model.op_table(op)
+            table = (model.choice_table(op, index[op], epsilon) if op in index
+                     else table + epsilon * transfers)
             factors.append(dp.Factor(free, table[tuple(
                 assignment[g] if g < fixed else slice(None) for g in scope)]))
     solution = dp.solve(model.domains, factors,
                         order=sorted(range(len(model.domains)),
                                      key=lambda g: model.coarse.position[g]))
     full = tuple(assignment) + solution.assignment[fixed:]
-    if not index:
-        return result_of(model, full, solution.exact, time.perf_counter() - start)
     chosen = {op: index[op] if op in index else
               int(model.op_table(op)[2].item(tuple(full[g] for g in model.op_scope(op))))
               for op in model.vectors}
