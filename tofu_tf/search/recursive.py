@@ -344,17 +344,18 @@ def lookahead(ways: tuple[int, ...], solver, max_joint_choices: int
 def _repriced(graph, topology, entries, coarse, options, storage, upper, solver, cache,
               deadline) -> SearchResult:
     """A plan of the search without views, priced with them (`options.shared_reads`): every
-    level but the last in the states `upper` has (per level, the states and choices of
-    the model without views), the views' states chosen under them (level.views_result),
-    the last level solved by `solver`. Views bring each level's account closer to what
-    the emitter moves and so move each level's optimum; but the recursion fixes a level
-    by its own cost alone, without the levels below, and the upper levels the account
-    without views chose may leave cheaper ones below (the tiny LSTM at 2x2x2: 346580 B
-    against 362536 B with views throughout, both priced with views). The ops' choices
-    there are kept, or chosen again by the views' account at their level alone; neither
-    is always the cheaper in all (kept: the LSTM-4-4096 at 2x2 1.7% less, a bias
-    gradient's sum not reading a gradient gathered at level 1; chosen again: the tiny
-    WResNet at 2x4 1.1% less), so both are priced and the cheaper is the plan."""
+    level but the last in the states `upper` gives it (per level, the states and choices
+    of the model without views), the views' states chosen under them
+    (level.views_result), the last level solved by `solver`. Views bring each level's
+    account closer to what the emitter moves and so move each level's optimum; but the
+    recursion fixes a level by its own cost alone, without the levels below, and the
+    upper levels the account without views chose may leave cheaper ones below (the tiny
+    LSTM at 2x2x2: 346580 B against 362536 B with views throughout, both priced with
+    views). The ops' choices there are kept, or chosen again by the views' account at
+    their level alone; neither is always the cheaper in all (kept: the LSTM-4-4096 at
+    2x2 1.7% less, a bias gradient's sum not reading a gradient gathered at level 1;
+    chosen again: the tiny WResNet at 2x4, bytes alone, 1.1% less), so both are priced
+    and the cheaper is the plan."""
     plans = [_recurse(graph, topology, entries, coarse, options, storage, upper_fixed(
         [functools.partial(views_result, assignment=states, labels=labels if keep else {})
          for states, labels in upper], solver), cache, deadline) for keep in (True, False)]
