@@ -323,7 +323,7 @@ def views(repeats: int) -> dict:
     from tofu_tf.search.plan import make_plan
     from tofu_tf.search.topology import Topology
     out = {}
-    for name in [c for c in FLAGS.only.split(",") if c] or list(configurations()):
+    for name in wanted_configurations():
         imported, _ = load_imported(*configurations()[name])
         for devices in (4, 8):
             seconds, row = {False: [], True: []}, {"devices": devices, "config": name}
@@ -591,8 +591,7 @@ def main(argv) -> int:
 def configs(stored: dict) -> dict:
     """Every wanted configuration's rows into stored["results"], written as they come;
     returns the search-time ratios per doubling of depth."""
-    wanted = [c for c in FLAGS.only.split(",") if c] or list(configurations())
-    for name in wanted:
+    for name in wanted_configurations():
         imported, build_seconds = load_imported(*configurations()[name])
         for devices in (int(d) for d in FLAGS.devices.split(",")):
             row = run_one(imported, devices, FLAGS.repeats, FLAGS.baselines)
@@ -609,6 +608,11 @@ def configs(stored: dict) -> dict:
             write(stored)                  # keep what is done if the run is cut short
         del imported
     return depth_doubling(stored["results"])
+
+
+def wanted_configurations() -> list[str]:
+    """The configurations `--only` names (default: all)."""
+    return [c for c in FLAGS.only.split(",") if c] or list(configurations())
 
 
 def write(stored: dict) -> str:

@@ -49,7 +49,7 @@ from tofu_tf.search.ilp import DEFAULT_TIME_LIMIT, ilp_minimum, merged_vectors
 from tofu_tf.search.level import LevelModel, choice_work, level_models
 from tofu_tf.search.problem import (Choice, Problem, ProblemOp, SearchCache, TensorSpec,
                                     clamp_box, cost_vectors, fetch_extra, geometry,
-                                    make_choice, sub_problem, viewed)
+                                    make_choice, searched, sub_problem, viewed)
 from tofu_tf.search.topology import Topology
 
 MAX_JOINT_CHOICES = 1_000_000        # joint choices summed over ops, before giving up
@@ -473,19 +473,19 @@ def joint_model(graph: Graph, topology: Topology, *,
 def least_joint_choices(graph: Graph, entries: Mapping[str, OpEntry],
                         ways: tuple[int, ...]) -> int:
     """At most the estimate `joint_below` checks before its walk, from the op descriptions
-    alone (no level model): per op of the problem (problem.root_problem), its strategies
-    valid at the first cut (one where none is) times 1 + those valid at each cut below.
-    A search can skip a joint problem this already puts past its limit without building
-    level 1's model (a large graph's takes a tenth of a second to seconds)."""
-    total = 0
-    for op in graph:
-        entry = entries[op.name]
-        if entry.semantics is None or not entry.semantics.output_shapes and not op.inputs:
-            continue
-        first = sum(s.valid_for(ways[0]) for s in entry.strategies)
-        total += max(first, 1) * math.prod(1 + sum(s.valid_for(k) for s in entry.strategies)
-                                           for k in ways[1:])
-    return total
+    alone (no level model): per op of the problem (problem.searched), its strategies
+    valid at the first cut (one where none is) times `_deeper_choices`. A search can skip
+    a joint problem this already puts past its limit without building level 1's model (a
+    large graph's takes a tenth of a second to seconds)."""
+    return sum(max(1, sum(s.valid_for(ways[0]) for s in entry.strategies))
+               * _deeper_choices(entry.strategies, ways)
+               for op in graph for entry in (entries[op.name],) if searched(op, entry))
+
+
+def _deeper_choices(strategies, ways: tuple[int, ...]) -> int:
+    """About how many chains one choice at the first cut leads to: 1 + the strategies
+    valid at each cut below (`replicate` and the splits; a local op has about as many)."""
+    return math.prod(1 + sum(s.valid_for(k) for s in strategies) for k in ways[1:])
 
 
 def joint_below(root: LevelModel, ways: tuple[int, ...],
@@ -514,8 +514,8 @@ def joint_below(root: LevelModel, ways: tuple[int, ...],
     # Before any walk: about prod_l c_l chains per op, c_l its strategies valid at level l's
     # cut and `replicate` (its local ops have about as many), so a problem far past the
     # limits is told at once (the walk counts exactly).
-    about = {op.name: len(base.choices[op.name]) * math.prod(
-        1 + sum(s.valid_for(k) for s in op.strategies) for k in ways[1:]) for op in base.ops}
+    about = {op.name: len(base.choices[op.name]) * _deeper_choices(op.strategies, ways)
+             for op in base.ops}
     if sum(about.values()) > max_joint_choices:
         raise JointTooLarge.of(f"about {sum(about.values())}, more than "
                                f"{max_joint_choices},", ways)

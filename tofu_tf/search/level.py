@@ -128,15 +128,20 @@ class LevelModel:
 
     def _op_table(self, op: str, pattern, distinct):
         """(pattern ranks with vectors, min table, argmin, transfers) for one op."""
+        used, terms = self._terms(op, pattern)
+        return (used, *_min_table(terms, [self.domains[distinct[r]] for r in used],
+                                  self.work(op), self.transfer_bytes))
+
+    def _terms(self, op: str, pattern) -> tuple[tuple[int, ...], list[list[tuple]]]:
+        """(the pattern ranks the op's vectors use, sorted; per choice its (axis among
+        them, bytes, transfers) terms), as _min_table takes them."""
         n_in = len(self.vectors.ops[op].inputs)
         positional = self.vectors.positional(op)
         ranks = [[pattern[i if kind == "in" else n_in + i] for (kind, i), *_ in entries]
                  for entries in positional]
         used = tuple(sorted({r for row in ranks for r in row}))
-        return (used, *_min_table(
-            [[(used.index(r), v, n) for r, (_, v, n) in zip(row, entries)]
-             for row, entries in zip(ranks, positional)],
-            [self.domains[distinct[r]] for r in used], self.work(op), self.transfer_bytes))
+        return used, [[(used.index(r), v, n) for r, (_, v, n) in zip(row, entries)]
+                      for row, entries in zip(ranks, positional)]
 
     def choice_table(self, op: str, choice: int, epsilon: float = 0.0) -> np.ndarray:
         """One choice's table over the op's scope (op_scope): its bytes, work and
@@ -147,14 +152,10 @@ class LevelModel:
         key = ("choice", geometry, pattern, choice, epsilon)
         found = self._shared.get(key) if geometry is not None else None
         if found is None:
-            n_in = len(self.vectors.ops[op].inputs)
-            scope = self.op_scope(op)
-            used = [distinct.index(g) for g in scope]
+            used, terms = self._terms(op, pattern)
             table, _, transfers = _min_table(
-                [[(used.index(pattern[i if kind == "in" else n_in + i]), v, n)
-                  for (kind, i), v, n in self.vectors.positional(op)[choice]]],
-                [self.domains[g] for g in scope], self.work(op)[choice:choice + 1],
-                self.transfer_bytes)
+                [terms[choice]], [self.domains[distinct[r]] for r in used],
+                self.work(op)[choice:choice + 1], self.transfer_bytes)
             found = table + epsilon * transfers
             if geometry is not None:
                 self._shared[key] = found
@@ -427,9 +428,11 @@ def views_result(model: LevelModel, assignment: tuple[int, ...],
         scope = model.op_scope(op)
         free = tuple(g for g in scope if g >= fixed)
         if free:
-            _, table, _, transfers = model.op_table(op)
-            table = (model.choice_table(op, index[op], epsilon) if op in index
-                     else table + epsilon * transfers)
+            if op in index:
+                table = model.choice_table(op, index[op], epsilon)
+            else:
+                _, table, _, transfers = model.op_table(op)
+                table = table + epsilon * transfers
             factors.append(dp.Factor(free, table[tuple(
                 assignment[g] if g < fixed else slice(None) for g in scope)]))
     solution = dp.solve(model.domains, factors,

@@ -517,6 +517,12 @@ def _finish(problem, entry, volumes, pairs, rank, columns
 
 # -- building problems ---------------------------------------------------------------------
 
+def searched(op, entry) -> bool:
+    """Whether a graph op is one of the problem's (root_problem): it has semantics, and
+    outputs with shapes or inputs."""
+    return entry.semantics is not None and bool(entry.semantics.output_shapes or op.inputs)
+
+
 def root_problem(graph, entries, k: int, replicable=frozenset(),
                  replicate_below: int = 0, cache: SearchCache | None = None,
                  group_of: Mapping[str, int] | None = None) -> Problem:
@@ -530,7 +536,7 @@ def root_problem(graph, entries, k: int, replicable=frozenset(),
         ops = []
         for op in graph:
             entry = entries[op.name]
-            if entry.semantics is None or not entry.semantics.output_shapes and not op.inputs:
+            if not searched(op, entry):
                 continue
             outputs = tuple(op.outputs) + tuple(op.inputs[c.alias]
                                                 for c in entry.semantics.updates)
