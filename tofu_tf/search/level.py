@@ -73,6 +73,14 @@ class LevelModel:
         domains = [len(problem.states(members[0])) for members in coarse.members]
         return LevelModel(problem, coarse, vectors, domains, flop_bytes, transfer_bytes)
 
+    def below(self, result: "LevelResult", k: int, transfer_bytes: float) -> "LevelModel":
+        """The next level's model: a k-way cut of part 0 under `result`."""
+        # a G(d) view is whole in each group: the next level cuts all of it
+        states = {t: self.group_states(g)[result.assignment[g]]
+                  for g, members in enumerate(self.coarse.members) for t in members}
+        return LevelModel.build(sub_problem(self.problem, states, result.choices, k),
+                                self.coarse, self.flop_bytes, transfer_bytes)
+
     def work(self, op: str) -> np.ndarray:
         """Per choice of `op`, the bytes its repeated computation costs (module docstring):
         (k - 1) x the local op's flops x flop_bytes for `replicate`, else 0. Equal
@@ -485,6 +493,33 @@ def level_models(graph: Graph, topology: Topology, entries: dict[str, OpEntry] |
     (the DP here, baselines elsewhere) and the next level is built from it."""
     entries = entries if entries is not None else catalog(graph, strict=options.strict)
     coarse = coarse if coarse is not None else coarsen(graph, entries)
+    work, latency = flop_bytes(options), transfer_bytes(options)
+    # Recursions of one search that start alike (the joint and views candidates after the
+    # recursion) share level 1's model and the tables it keeps. The key holds what it is
+    # built from; the objects it names by id are held in the entry (no id is reused while
+    # it is cached). Deeper models are not kept: most recursions part after level 1, and
+    # keeping them costs a large graph's search more than sharing saves.
+    key = (id(graph), id(entries), id(coarse), storage, options.shared_reads,
+           options.replicate_below, topology.ways, work, latency)
+    found = cache.models.get(key) if cache is not None else None
+    if found is None:
+        model = _root_model(graph, topology, entries, coarse, options, storage, cache, work,
+                            latency)
+        if cache is not None:
+            cache.models[key] = (graph, entries, coarse, model)
+    else:
+        model = found[-1]
+    for index in range(1, len(topology.levels)):
+        result = yield model
+        # a transfer between two groups of a level is one between each of their devices
+        # below (a device's share of the region): its price scales by their count
+        model = model.below(result, topology.levels[index].ways,
+                            latency * math.prod(topology.ways[index + 1:]))
+    yield model
+
+
+def _root_model(graph, topology, entries, coarse, options, storage, cache, work, latency
+                ) -> LevelModel:
     replicable = (variable_tensors(graph, coarse) if storage is VariableStorage.REPLICABLE
                   else frozenset())
     problem: Problem = root_problem(graph, entries, topology.levels[0].ways,
@@ -492,16 +527,4 @@ def level_models(graph: Graph, topology: Topology, entries: dict[str, OpEntry] |
                                     replicate_below=options.replicate_below, cache=cache,
                                     group_of=coarse.group_of if options.shared_reads else None)
     coarse = with_views(coarse, {v: (viewed(v), key) for v, key in problem.views.items()})
-    work, latency = flop_bytes(options), transfer_bytes(options)
-    for index, level in enumerate(topology.levels):
-        # A transfer between two groups of this level is one between each of their
-        # devices below (a device's share of the region): the price scales by their count.
-        below = math.prod(lv.ways for lv in topology.levels[index + 1:])
-        model = LevelModel.build(problem, coarse, work, latency * below)
-        result = yield model
-        if index + 1 < len(topology.levels):
-            # a G(d) view is whole in each group: the next level cuts all of it
-            states = {t: model.group_states(g)[result.assignment[g]]
-                      for g, members in enumerate(model.coarse.members) for t in members}
-            problem = sub_problem(problem, states, result.choices,
-                                  topology.levels[index + 1].ways)
+    return LevelModel.build(problem, coarse, work, latency * math.prod(topology.ways[1:]))

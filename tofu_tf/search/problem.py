@@ -95,6 +95,7 @@ class SearchCache:
     locals: dict = field(default_factory=dict)       # (geometry, label) -> next level's op
     patterns: dict = field(default_factory=dict)     # op -> (coarse graph, its groups, ranks)
     semantics: SemanticsMemo = field(default_factory=SemanticsMemo)
+    models: dict = field(default_factory=dict)       # level 1's models (level.level_models)
 
 
 @dataclass
