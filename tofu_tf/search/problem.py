@@ -89,6 +89,7 @@ class SearchCache:
     local_ops: dict = field(default_factory=dict)
     parts: dict = field(default_factory=dict)        # (signature, label, k) -> k LocalOps
     kinds: dict = field(default_factory=dict)        # (shape, states) -> kind id
+    stored: dict = field(default_factory=dict)       # tensor_states' args -> (states, kind)
     root: tuple | None = None          # (graph, root ops, root tensors, with_views of them)
     geometries: dict = field(default_factory=dict)   # geometry -> id
     templates: dict = field(default_factory=dict)    # template value -> id
@@ -121,20 +122,28 @@ class Problem:
 
     def states(self, tensor: str) -> tuple[OutputState, ...]:
         """Its stored states; a view's are its tensor's, and G(d) where R is not one."""
-        view = tensor in self.views
-        replicable = (viewed(tensor) if view else tensor) in self.replicable
-        return tensor_states(self.tensors[tensor].shape, self.k,
-                             None if replicable else self.replicate_below, view)
+        return self._stored(tensor)[0]
 
     def kind(self, tensor: str) -> int:
         """What a choice's boxes and vectors depend on of a tensor — its shape and states —
         as an id (equal ids, equal kinds) that is cheap to hash in geometry keys."""
         kind = self._kinds.get(tensor)
         if kind is None:
-            value = (self.tensors[tensor].shape, self.states(tensor))
-            kind = self._kinds[tensor] = self.cache.kinds.setdefault(value,
-                                                                     len(self.cache.kinds))
+            kind = self._kinds[tensor] = self._stored(tensor)[1]
         return kind
+
+    def _stored(self, tensor: str) -> tuple[tuple[OutputState, ...], int]:
+        """(its states, its kind), worked out once per search for what they depend on."""
+        view = tensor in self.views
+        replicable = (viewed(tensor) if view else tensor) in self.replicable
+        shape = self.tensors[tensor].shape
+        key = (shape, self.k, None if replicable else self.replicate_below, view)
+        found = self.cache.stored.get(key)
+        if found is None:
+            states, kinds = tensor_states(*key), self.cache.kinds
+            found = self.cache.stored[key] = (states, kinds.setdefault((shape, states),
+                                                                       len(kinds)))
+        return found
 
 
 def clamp_box(box: Box, shape: tuple[int, ...], delta: tuple[int, ...],
