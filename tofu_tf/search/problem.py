@@ -118,21 +118,20 @@ class Problem:
     # two or more ops read take it from, which may also be G(d) (cost.tensor_states); per
     # view the key that ties it to others in one group (coarsen.with_views).
     views: Mapping[str, tuple] = field(default_factory=dict)
-    _kinds: dict = field(default_factory=dict, repr=False)       # tensor -> kind id
+    _stored: dict = field(default_factory=dict, repr=False)  # tensor -> (states, kind id)
 
     def states(self, tensor: str) -> tuple[OutputState, ...]:
         """Its stored states; a view's are its tensor's, and G(d) where R is not one."""
-        return self._stored(tensor)[0]
+        found = self._stored.get(tensor)
+        return (found if found is not None else self._store(tensor))[0]
 
     def kind(self, tensor: str) -> int:
         """What a choice's boxes and vectors depend on of a tensor — its shape and states —
         as an id (equal ids, equal kinds) that is cheap to hash in geometry keys."""
-        kind = self._kinds.get(tensor)
-        if kind is None:
-            kind = self._kinds[tensor] = self._stored(tensor)[1]
-        return kind
+        found = self._stored.get(tensor)
+        return (found if found is not None else self._store(tensor))[1]
 
-    def _stored(self, tensor: str) -> tuple[tuple[OutputState, ...], int]:
+    def _store(self, tensor: str) -> tuple[tuple[OutputState, ...], int]:
         """(its states, its kind), worked out once per search for what they depend on."""
         view = tensor in self.views
         replicable = (viewed(tensor) if view else tensor) in self.replicable
@@ -143,6 +142,7 @@ class Problem:
             states, kinds = tensor_states(*key), self.cache.kinds
             found = self.cache.stored[key] = (states, kinds.setdefault((shape, states),
                                                                        len(kinds)))
+        self._stored[tensor] = found
         return found
 
 
@@ -278,10 +278,9 @@ def _geometry(problem: Problem, op: ProblemOp) -> int | None:
         return None
     template = op.template if op.template is not None else template_id(
         problem.cache, op.key, op.input_offsets, op.windows, op.reduced)
-    kinds, kind = problem._kinds, problem.kind
-    value = (problem.k, template,
-             tuple(kinds[t] if t in kinds else kind(t) for t in op.inputs),
-             tuple(kinds[t] if t in kinds else kind(t) for t in op.outputs))
+    kind = problem.kind
+    value = (problem.k, template, tuple([kind(t) for t in op.inputs]),
+             tuple([kind(t) for t in op.outputs]))
     ids = problem.cache.geometries
     return ids.setdefault(value, len(ids))
 
