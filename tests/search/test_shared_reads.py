@@ -163,3 +163,40 @@ def test_plans_leave_the_views_out():
                                             ("mlp", "2x4")])
 def test_shared_read_plans_train_like_the_unpartitioned_step(model, topology):
     compare(model, "adam", dtype="float64", topology=topology, options=ON)
+
+
+class _Forgetful(dict):
+    """A SearchCache.models that keeps nothing: every recursion builds level 1 anew."""
+
+    def __setitem__(self, key, value):
+        pass
+
+
+def test_the_searchs_recursions_build_level_1_once_per_account(monkeypatch):
+    """A search with views runs several recursions (with views, without, the repriced
+    candidates with views, the joint optimum's): those that start alike share level 1's
+    model (level_models), built once per storage policy and account, and the plan is the
+    one a search that rebuilds it for every recursion makes."""
+    from tofu_tf.search import level
+    from tofu_tf.search.problem import SearchCache
+    from tofu_tf.search.recursive import search
+
+    graph, entries = imported("lstm")
+    built = []
+    build_root = level._root_model
+    def root_model(graph, topology, entries, coarse, options, storage, *rest):
+        built.append((storage, options.shared_reads))
+        return build_root(graph, topology, entries, coarse, options, storage, *rest)
+
+    monkeypatch.setattr(level, "_root_model", root_model)
+    cache = SearchCache()
+    shared = search(graph.graph, Topology.parse("2x2"), entries=entries, options=BYTES,
+                    cache=cache)
+    assert len(built) == len(set(built)) == len(cache.models) >= 2
+    built.clear()
+    rebuilt = search(graph.graph, Topology.parse("2x2"), entries=entries, options=BYTES,
+                     cache=SearchCache(models=_Forgetful()))
+    assert len(built) > len(cache.models)
+    assert rebuilt.total_bytes == shared.total_bytes
+    assert [level.choices for level in rebuilt.levels] == \
+        [level.choices for level in shared.levels]
