@@ -520,6 +520,8 @@ def level_models(graph: Graph, topology: Topology, entries: dict[str, OpEntry] |
 
 def _root_model(graph, topology, entries, coarse, options, storage, cache, work, latency
                 ) -> LevelModel:
+    """Level 1's model: the graph's problem under the storage policy, with the views
+    where `options` asks for them."""
     replicable = (variable_tensors(graph, coarse) if storage is VariableStorage.REPLICABLE
                   else frozenset())
     problem: Problem = root_problem(graph, entries, topology.levels[0].ways,
