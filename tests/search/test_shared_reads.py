@@ -14,8 +14,10 @@ from tofu_tf.op_semantics.analysis import REPLICATED, Split
 from tofu_tf.op_semantics.catalog import catalog
 from tofu_tf.options import Options
 from tofu_tf.search.cost import gathered, stored, tensor_states
+from tofu_tf.search import level as search_level
 from tofu_tf.search.plan import make_plan
-from tofu_tf.search.problem import viewed
+from tofu_tf.search.problem import SearchCache, viewed
+from tofu_tf.search.recursive import search
 from tofu_tf.search.topology import Topology
 from tests.rewrite.equivalence import compare
 
@@ -177,18 +179,16 @@ def test_the_searchs_recursions_build_level_1_once_per_account(monkeypatch):
     candidates with views, the joint optimum's): those that start alike share level 1's
     model (level_models), built once per storage policy and account, and the plan is the
     one a search that rebuilds it for every recursion makes."""
-    from tofu_tf.search import level
-    from tofu_tf.search.problem import SearchCache
-    from tofu_tf.search.recursive import search
-
     graph, entries = imported("lstm")
     built = []
-    build_root = level._root_model
-    def root_model(graph, topology, entries, coarse, options, storage, *rest):
-        built.append((storage, options.shared_reads))
-        return build_root(graph, topology, entries, coarse, options, storage, *rest)
+    build_root = search_level._root_model
 
-    monkeypatch.setattr(level, "_root_model", root_model)
+    def root_model(*args):
+        options, storage = args[4:6]
+        built.append((storage, options.shared_reads))
+        return build_root(*args)
+
+    monkeypatch.setattr(search_level, "_root_model", root_model)
     cache = SearchCache()
     shared = search(graph.graph, Topology.parse("2x2"), entries=entries, options=BYTES,
                     cache=cache)
@@ -198,5 +198,5 @@ def test_the_searchs_recursions_build_level_1_once_per_account(monkeypatch):
                      cache=SearchCache(models=_Forgetful()))
     assert len(built) > len(cache.models)
     assert rebuilt.total_bytes == shared.total_bytes
-    assert [level.choices for level in rebuilt.levels] == \
-        [level.choices for level in shared.levels]
+    assert [result.choices for result in rebuilt.levels] == \
+        [result.choices for result in shared.levels]

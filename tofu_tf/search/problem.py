@@ -122,14 +122,12 @@ class Problem:
 
     def states(self, tensor: str) -> tuple[OutputState, ...]:
         """Its stored states; a view's are its tensor's, and G(d) where R is not one."""
-        found = self._stored.get(tensor)
-        return (found if found is not None else self._store(tensor))[0]
+        return (self._stored.get(tensor) or self._store(tensor))[0]
 
     def kind(self, tensor: str) -> int:
         """What a choice's boxes and vectors depend on of a tensor — its shape and states —
         as an id (equal ids, equal kinds) that is cheap to hash in geometry keys."""
-        found = self._stored.get(tensor)
-        return (found if found is not None else self._store(tensor))[1]
+        return (self._stored.get(tensor) or self._store(tensor))[1]
 
     def _store(self, tensor: str) -> tuple[tuple[OutputState, ...], int]:
         """(its states, its kind), worked out once per search for what they depend on."""
