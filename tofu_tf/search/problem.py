@@ -297,7 +297,8 @@ def template_id(cache: SearchCache, key, offsets, windows, reduced=()) -> int:
 def may_replicate(problem: Problem, op: ProblemOp, has_strategies: bool) -> bool:
     """Whether `replicate` is a choice: no strategy at this k, or every output may be
     stored replicated (so running the op whole costs no memory the plan forbids)."""
-    return not has_strategies or all(REPLICATED in problem.states(t) for t in op.outputs)
+    return (not has_strategies or all(REPLICATED in problem.states(t) for t in op.outputs)
+            or viewed(op.inputs[0] if op.inputs else "") is not None)  # a view's view
 
 
 def build_choices(problem: Problem) -> None:
@@ -678,20 +679,30 @@ def with_views(graph, ops: list[ProblemOp], tensors: dict[str, TensorSpec],
     if not views:
         return ops, tensors, {}
     out_tensors, out_ops, made = dict(tensors), [], set()
+
+    def make(view: str, t: str) -> None:
+        """The view's Identity (a view of a part reads the view of all of it, if any: a
+        whole one serves it too), once, before its first reader."""
+        if view in made:
+            return
+        made.add(view)
+        source = t
+        if footprints.get(view) is not None and view_of(t) in views:
+            make(view_of(t), t)
+            source = view_of(t)
+        spec = tensors[t]
+        out_tensors[view] = TensorSpec(view, spec.shape, spec.dtype, footprints.get(view))
+        sem, strategies, key = cache.semantics.get(
+            view[:-2], "Identity", {}, [spec.shape], [spec.dtype], [spec.shape],
+            [spec.dtype])
+        offsets = ((0,) * len(spec.shape),)
+        out_ops.append(ProblemOp(view[:-2], sem, strategies, (source,), (view,), offsets, key,
+                                 template=template_id(cache, key, offsets, ())))
+
     for op in ops:
         reads = {t: read_from[op.name, t] for t in through[op.name] if (op.name, t) in read_from}
         for t, view in reads.items():
-            if view in made:
-                continue
-            made.add(view)
-            spec = tensors[t]
-            out_tensors[view] = TensorSpec(view, spec.shape, spec.dtype, footprints.get(view))
-            sem, strategies, key = cache.semantics.get(
-                view[:-2], "Identity", {}, [spec.shape], [spec.dtype], [spec.shape],
-                [spec.dtype])
-            offsets = ((0,) * len(spec.shape),)
-            out_ops.append(ProblemOp(view[:-2], sem, strategies, (t,), (view,), offsets, key,
-                                     template=template_id(cache, key, offsets, ())))
+            make(view, t)
         if reads:
             op = dataclasses.replace(op, inputs=tuple(reads.get(t, t) for t in op.inputs))
         out_ops.append(op)
