@@ -298,7 +298,13 @@ def may_replicate(problem: Problem, op: ProblemOp, has_strategies: bool) -> bool
     """Whether `replicate` is a choice: no strategy at this k, or every output may be
     stored replicated (so running the op whole costs no memory the plan forbids)."""
     return (not has_strategies or all(REPLICATED in problem.states(t) for t in op.outputs)
-            or viewed(op.inputs[0] if op.inputs else "") is not None)  # a view's view
+            or _view_of_a_view(op))
+
+
+def _view_of_a_view(op: ProblemOp) -> bool:
+    """A view of a part read from the view of all of it (with_views): it may run whole
+    where that one is whole, storing its part's view as the plain view is."""
+    return viewed(op.name) is not None and viewed(op.inputs[0]) is not None
 
 
 def build_choices(problem: Problem) -> None:
