@@ -203,10 +203,12 @@ class _Walk:
 
     def kind(self, spec: TensorSpec) -> tuple:
         """What a tensor's states, state tree and vectors depend on: its shape, whether it
-        is a view and whether it may be replicated whatever its size."""
+        is a view, whether it may be replicated whatever its size, and a view's
+        footprint."""
         view = spec.name in self.base.views
         return (spec.shape, view,
-                (viewed(spec.name) if view else spec.name) in self.base.replicable)
+                (viewed(spec.name) if view else spec.name) in self.base.replicable,
+                spec.footprint)
 
     def _problem(self, k: int, op: ProblemOp | None, tensors: dict[str, TensorSpec],
                  choices: list[Choice] | None = None) -> Problem:

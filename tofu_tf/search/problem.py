@@ -39,6 +39,9 @@ class TensorSpec:
     name: str
     shape: tuple[int, ...]
     dtype: str
+    # Of a view of a part of its tensor (with_views): that part, which a whole (R, G(d))
+    # view assembles on every part instead of all of it (_assembled).
+    footprint: Box | None = None
 
     @property
     def itemsize(self) -> int:
@@ -88,7 +91,7 @@ class SearchCache:
     vectors: dict = field(default_factory=dict)
     local_ops: dict = field(default_factory=dict)
     parts: dict = field(default_factory=dict)        # (signature, label, k) -> k LocalOps
-    kinds: dict = field(default_factory=dict)        # (shape, states) -> kind id
+    kinds: dict = field(default_factory=dict)        # (shape, states, footprint) -> id
     stored: dict = field(default_factory=dict)       # tensor_states' args -> (states, kind)
     root: tuple | None = None          # (graph, root ops, root tensors, with_views of them)
     geometries: dict = field(default_factory=dict)   # geometry -> id
@@ -133,13 +136,14 @@ class Problem:
         """(its states, its kind), worked out once per search for what they depend on."""
         view = tensor in self.views
         replicable = (viewed(tensor) if view else tensor) in self.replicable
-        shape = self.tensors[tensor].shape
-        key = (shape, self.k, None if replicable else self.replicate_below, view)
+        spec = self.tensors[tensor]
+        shape, footprint = spec.shape, spec.footprint
+        key = (shape, self.k, None if replicable else self.replicate_below, view, footprint)
         found = self.cache.stored.get(key)
         if found is None:
-            states, kinds = tensor_states(*key), self.cache.kinds
-            found = self.cache.stored[key] = (states, kinds.setdefault((shape, states),
-                                                                       len(kinds)))
+            states, kinds = tensor_states(*key[:4]), self.cache.kinds
+            found = self.cache.stored[key] = (
+                states, kinds.setdefault((shape, states, footprint), len(kinds)))
         self._stored[tensor] = found
         return found
 
@@ -291,7 +295,14 @@ def template_id(cache: SearchCache, key, offsets, windows, reduced=()) -> int:
 def may_replicate(problem: Problem, op: ProblemOp, has_strategies: bool) -> bool:
     """Whether `replicate` is a choice: no strategy at this k, or every output may be
     stored replicated (so running the op whole costs no memory the plan forbids)."""
-    return not has_strategies or all(REPLICATED in problem.states(t) for t in op.outputs)
+    return (not has_strategies or all(REPLICATED in problem.states(t) for t in op.outputs)
+            or _view_of_a_view(op))
+
+
+def _view_of_a_view(op: ProblemOp) -> bool:
+    """A view of a part read from the view of all of it (with_views): it may run whole
+    where that one is whole, storing its part's view as the plain view is."""
+    return viewed(op.name) is not None and viewed(op.inputs[0]) is not None
 
 
 def build_choices(problem: Problem) -> None:
@@ -460,12 +471,43 @@ def _pending_entries(problem, op, choice, batch: _Batch) -> list[tuple]:
             entries.append(("convert", ("out", o), spec,
                             batch.add((domain,) * problem.k, spec.shape),
                             (batch.add(choice.output_boxes[o], spec.shape),
-                             math.prod(spec.shape) - size)))
+                             math.prod(spec.shape) - size,
+                             _assembled(problem, spec, domain, choice.output_boxes[o]))))
         else:           # a reduced output comes whole from outside (ProblemOp.reduced)
             reduced = o < len(op.reduced) and op.reduced[o]
             entries.append(("replicated", ("out", o), spec, None,
-                            (None, math.prod(spec.shape) - (0 if reduced else size))))
+                            (None, math.prod(spec.shape) - (0 if reduced else size),
+                             None if reduced else _assembled(problem, spec, domain,
+                                                             (domain,) * problem.k))))
     return entries
+
+
+def _assembled(problem: Problem, spec: TensorSpec, domain: Box, produced: tuple[Box, ...]
+               ) -> int | None:
+    """The elements a whole state of a view of a part F (TensorSpec.footprint) moves: F on
+    every part, less what each part produced of it, and the rest of F from outside the
+    group (k - 1) times; None for any other tensor."""
+    footprint = spec.footprint
+    if footprint is None:
+        return None
+    k, inside = problem.k, box_volume(_meet(footprint, domain))
+    return (k * inside - sum(box_volume(_meet(footprint, box)) for box in produced)
+            + (k - 1) * (box_volume(footprint) - inside))
+
+
+def _part_footprint(footprint: Box | None, shape: tuple[int, ...]) -> Box | None:
+    """A view's footprint inside part 0 of the given shape (whose coordinates are the
+    tensor's); None where that is all of part 0."""
+    if footprint is None:
+        return None
+    whole = tuple((0, n) for n in shape)
+    box = _meet(footprint, whole)
+    return None if box == whole else box
+
+
+def _meet(a: Box, b: Box) -> Box:
+    """The intersection of two boxes (empty: a zero extent)."""
+    return tuple((max(a0, b0), max(a0, b0, min(a1, b1))) for (a0, a1), (b0, b1) in zip(a, b))
 
 
 def _domain(boxes: tuple[Box, ...], shape: tuple[int, ...]) -> Box:
@@ -488,7 +530,8 @@ def _finish(problem, entry, volumes, pairs, rank, columns
     A Partial output reduces all the op's local output, the part other groups store too.
     A G(d) state (a view: with_views) is assembled whole on every part, once, from what
     the parts produced, as the emitter's readers take it: its conversion is R's (a
-    Partial one reduces as for R, an all-reduce), its reads fetch nothing more, and the
+    Partial one reduces as for R, an all-reduce; of a view of a part, that part alone:
+    _assembled), its reads fetch nothing more, and the
     next level cuts it whole (level_models); it is stored as Split(d) (memory only).
     Transfers, as the emitter makes them: a fetch, the (receiver, holder) pairs whose
     regions meet (cost.partners; none from R); a split output, the (producer, keeper)
@@ -510,7 +553,7 @@ def _finish(problem, entry, volumes, pairs, rank, columns
                                            + found.whole * outside)
         count = k * (k - 1) * found.reduce_factors
     else:
-        produced_index, outside = second
+        produced_index, outside, assembled = second
         copies = found.whole * ((k - 1) * outside)
         if kind == "replicated":                 # every part produced the whole domain
             moved = spec.itemsize * copies
@@ -519,6 +562,8 @@ def _finish(problem, entry, volumes, pairs, rank, columns
             held = volumes[first][found.assembled]      # sum_p |H_p(X) ∩ domain|
             moved = spec.itemsize * (held - volumes[produced_index][found.assembled] + copies)
             count = pairs[produced_index][found.assembled]
+        if assembled is not None:              # a whole view of a part assembles that part
+            moved = np.where(found.whole > 0, spec.itemsize * assembled, moved)
     return position, moved, np.where(moved > 0, np.maximum(count, 1), 0)
 
 
@@ -569,14 +614,15 @@ VIEW = "/read"           # a view op's name: its tensor's + VIEW (no graph op ha
 SIBLING_VIEWS = 3        # inputs of one op from one coarse group read directly from this many
 
 
-def view_of(tensor: str) -> str:
-    """The view tensor of `tensor` (`with_views`)."""
-    return f"{tensor}{VIEW}:0"
+def view_of(tensor: str, part: int = 0) -> str:
+    """The view tensor of `tensor` (`with_views`); `part` n > 0: its n-th view of a part
+    of it."""
+    return f"{tensor}{VIEW}{part or ''}:0"
 
 
 def viewed(name: str) -> str | None:
     """The tensor a view op or view tensor stands for; None for the graph's own."""
-    head = name[:-2] if name.endswith(":0") else name
+    head = (name[:-2] if name.endswith(":0") else name).rstrip("0123456789")
     return head[:-len(VIEW)] if head.endswith(VIEW) and ":" in head else None
 
 
@@ -593,8 +639,12 @@ def with_views(graph, ops: list[ProblemOp], tensors: dict[str, TensorSpec],
     group are read alike (by ops of the same signatures, at the same inputs: the steps of
     an RNN), which share one; an op that reads `SIBLING_VIEWS` or more tensors of one
     coarse group (a Pack of the steps) reads them directly, as one group; a tensor only
-    one op reads through a view has none. Plans leave views out (plan_from_search).
-    Per view: (its tensor's coarse group, how it is read), the key coarsen ties by."""
+    one op reads through a view has none. Two or more ops that each read the same part of
+    a tensor only (a strided or sliced read: the shortcut convolution of a residual block
+    and its filter gradient) read it through a view of their own, whose G(d) assembles
+    that part alone (its TensorSpec.footprint), as the emitter sends it. Plans leave
+    views out (plan_from_search). Per view: (its tensor's coarse group, how it is read),
+    the key coarsen ties by."""
     readers = collections.Counter(t for op in ops for t in set(op.inputs))
     candidates = {t for t, n in readers.items()
                   if n > 1 and not graph.tensors[t].is_resource and tensors[t].shape}
@@ -603,37 +653,82 @@ def with_views(graph, ops: list[ProblemOp], tensors: dict[str, TensorSpec],
         mine = [t for t in dict.fromkeys(op.inputs) if t in candidates]
         per_group = collections.Counter(group_of[t] for t in mine)
         through[op.name] = [t for t in mine if per_group[group_of[t]] < SIBLING_VIEWS]
-    viewers = collections.Counter(t for reads in through.values() for t in reads)
-    shared = {t for t, n in viewers.items() if n > 1}
-    if not shared:
-        return ops, tensors, {}
-    read_as = collections.defaultdict(list)          # t -> (reader key, input index)
+    footprint = _read_footprints(ops, through, tensors)
+    # (tensor, footprint) -> its readers: two or more reading one part of a tensor read
+    # it through a view of that part; the rest, two or more, through a view of it all
+    classes = collections.defaultdict(list)
     for op in ops:
         for t in through[op.name]:
-            if t in shared:
-                read_as[t].append((op.key if op.key is not None else op.name,
-                                   op.inputs.index(t)))
+            classes[t, footprint[op.name, t]].append(op)
+    whole = collections.defaultdict(list)
+    for (t, box), readers_of in list(classes.items()):
+        if box is None or len(readers_of) < 2:
+            whole[t] += classes.pop((t, box))
+    read_from, views, footprints = {}, {}, {}        # (op, t) -> view; view -> key, box
+    parts = collections.Counter()
+    for t, box in sorted(classes, key=str):
+        parts[t] += 1
+        views[view_of(t, parts[t])] = (t, box)
+    for t in sorted(t for t, readers_of in whole.items() if len(readers_of) > 1):
+        views[view_of(t)] = (t, None)
+    for view, (t, box) in views.items():
+        group = classes[t, box] if box is not None else whole[t]
+        for op in group:
+            read_from[op.name, t] = view
+        views[view] = (group_of[t], tuple(sorted(
+            [(op.key if op.key is not None else op.name, op.inputs.index(t)) for op in group],
+            key=str)))
+        if box is not None:
+            footprints[view] = box
+    if not views:
+        return ops, tensors, {}
     out_tensors, out_ops, made = dict(tensors), [], set()
+
+    def make(view: str, t: str) -> None:
+        """The view's Identity (a view of a part reads the view of all of it, if any: a
+        whole one serves it too), once, before its first reader."""
+        if view in made:
+            return
+        made.add(view)
+        source = t
+        if footprints.get(view) is not None and view_of(t) in views:
+            make(view_of(t), t)
+            source = view_of(t)
+        spec = tensors[t]
+        out_tensors[view] = TensorSpec(view, spec.shape, spec.dtype, footprints.get(view))
+        sem, strategies, key = cache.semantics.get(
+            view[:-2], "Identity", {}, [spec.shape], [spec.dtype], [spec.shape],
+            [spec.dtype])
+        offsets = ((0,) * len(spec.shape),)
+        out_ops.append(ProblemOp(view[:-2], sem, strategies, (source,), (view,), offsets, key,
+                                 template=template_id(cache, key, offsets, ())))
+
     for op in ops:
-        reads = [t for t in through[op.name] if t in shared]
-        for t in reads:
-            if t in made:
-                continue
-            made.add(t)
-            spec, view = tensors[t], view_of(t)
-            out_tensors[view] = TensorSpec(view, spec.shape, spec.dtype)
-            sem, strategies, key = cache.semantics.get(
-                view[:-2], "Identity", {}, [spec.shape], [spec.dtype], [spec.shape],
-                [spec.dtype])
-            offsets = ((0,) * len(spec.shape),)
-            out_ops.append(ProblemOp(view[:-2], sem, strategies, (t,), (view,), offsets, key,
-                                     template=template_id(cache, key, offsets, ())))
+        reads = {t: read_from[op.name, t] for t in through[op.name] if (op.name, t) in read_from}
+        for t, view in reads.items():
+            make(view, t)
         if reads:
-            op = dataclasses.replace(op, inputs=tuple(view_of(t) if t in reads else t
-                                                      for t in op.inputs))
+            op = dataclasses.replace(op, inputs=tuple(reads.get(t, t) for t in op.inputs))
         out_ops.append(op)
-    return out_ops, out_tensors, {view_of(t): (group_of[t], tuple(sorted(read_as[t], key=str)))
-                                  for t in sorted(shared)}
+    return out_ops, out_tensors, views
+
+
+def _read_footprints(ops: list[ProblemOp], through: Mapping[str, list[str]],
+                     tensors: Mapping[str, TensorSpec]) -> dict[tuple[str, str], Box | None]:
+    """Per (op, tensor) read through a view: what the op reads of it, run whole (every
+    split of the op reads inside it) — None where that is all of it, or nothing (a read of
+    its shape alone)."""
+    out = {}
+    for op in ops:
+        if not through[op.name]:
+            continue
+        local = opaque_local(op.sem) if op.sem.is_opaque else localize(op.sem, None, 1, 0)
+        for t in through[op.name]:
+            i, shape = op.inputs.index(t), tensors[t].shape
+            box = local.input_slices[i]
+            box = None if box is None else clamp_box(box, shape, op.input_offsets[i])
+            out[op.name, t] = None if box == tuple((0, n) for n in shape) else box
+    return out
 
 
 def sub_problem(problem: Problem, states, choices, k: int, *, describe: bool = True
@@ -648,7 +743,8 @@ def sub_problem(problem: Problem, states, choices, k: int, *, describe: bool = T
     for name, spec in problem.tensors.items():
         state = states.get(name)
         if state is not None and state.kind == "split" and not state.gathered:
-            spec = TensorSpec(name, part0_shape(spec.shape, state, problem.k), spec.dtype)
+            shape = part0_shape(spec.shape, state, problem.k)
+            spec = TensorSpec(name, shape, spec.dtype, _part_footprint(spec.footprint, shape))
         tensors[name] = spec
     cache = problem.cache
     made, geometries = cache.locals, problem.geometries
