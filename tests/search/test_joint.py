@@ -136,6 +136,22 @@ def test_where_the_joint_dp_is_too_wide_highs_plans_the_joint_optimum():
     assert plan.objective == optimum < dp_alone.objective
 
 
+def test_a_joint_ilp_stopped_by_the_clock_is_told_and_not_taken(caplog):
+    """HiGHS's node limit decides whether the joint ILP's answer is taken (the same on any
+    machine); where the time limit stops it first, the search says the plan depends on
+    the machine, and plans as without the ILP."""
+    graph, entries = graph_of("lstm")
+    topology = Topology.parse("2x4")
+    options = Options(shared_reads=True, flop_bytes=0.0)
+    dp_alone = search(graph, topology, entries=entries,
+                      options=dataclasses.replace(options, joint_ilp_seconds=0.0))
+    with caplog.at_level("WARNING"):
+        clocked = search(graph, topology, entries=entries,
+                         options=dataclasses.replace(options, joint_ilp_seconds=1e-3))
+    assert "Options.joint_ilp_seconds" in caplog.text
+    assert not clocked.joint and clocked.objective == dp_alone.objective
+
+
 def test_a_bad_ilp_time_limit_is_a_typed_error():
     with pytest.raises(TofuError, match="Options.joint_ilp_seconds"):
         Options(joint_ilp_seconds=-1.0)

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+from absl import logging
 from scipy import sparse
 from scipy.optimize import Bounds, LinearConstraint, milp
 
@@ -82,7 +83,7 @@ class _Program:
         self.upper_rhs.append(np.full(count, upper, dtype=np.float64))
         self.num_rows += count
 
-    def solve(self, time_limit: float):
+    def solve(self, time_limit: float, node_limit: int | None = None):
         matrix = sparse.csr_array((np.concatenate(self.data), (np.concatenate(self.rows),
                                    np.concatenate(self.cols))),
                                   shape=(self.num_rows, self.num_columns))
@@ -90,7 +91,8 @@ class _Program:
                     bounds=Bounds(np.zeros(self.num_columns), np.concatenate(self.upper)),
                     constraints=LinearConstraint(matrix, np.concatenate(self.lower_rhs),
                                                  np.concatenate(self.upper_rhs)),
-                    options={"time_limit": float(time_limit), "mip_rel_gap": 0.0})
+                    options={"time_limit": float(time_limit), "mip_rel_gap": 0.0,
+                             **({} if node_limit is None else {"node_limit": node_limit})})
 
 
 @dataclass
@@ -219,21 +221,30 @@ def _marginal_rows(program: _Program, values, finite, entry, state_row, y_of_ent
 
 def ilp_minimum(model: LevelModel, time_limit: float = DEFAULT_TIME_LIMIT,
                 form: Linearisation = Linearisation.MARGINAL,
-                max_variables: int | None = None) -> IlpSolution:
+                max_variables: int | None = None,
+                node_limit: int | None = None) -> IlpSolution:
     """Minimise the model's objective by ILP. Needs only `vectors`, `domains` and
     `coarse.group_of` of the model. Raises PlanInfeasibleError if HiGHS finds nothing,
-    or before solving where the program has more than `max_variables` columns."""
+    or before solving where the program has more than `max_variables` columns. HiGHS
+    stops at `time_limit` seconds or after `node_limit` branch-and-bound nodes (a bound
+    of work that, unlike the time, does not depend on the machine's speed or load)."""
     start = time.perf_counter()
     program = _build(model, form)
     if max_variables is not None and program.num_columns > max_variables:
         raise PlanInfeasibleError(
             f"the ILP has {program.num_columns} variables, more than {max_variables}.",
             fix="solve it by the DP, or call ilp_minimum without max_variables.")
-    result = program.solve(time_limit)
+    result = program.solve(time_limit, node_limit)
+    if result.status == 1 and node_limit is not None:
+        logging.warning(
+            "HiGHS stopped at the ILP's time limit (%g s) before its node limit (%d): the "
+            "plan depends on this machine's speed and load (for the joint search, raise "
+            "Options.joint_ilp_seconds).", time_limit, node_limit)
     if result.x is None:
         raise PlanInfeasibleError(
             f"HiGHS found no solution of the cut's ILP ({program.num_columns} variables, "
-            f"{program.num_rows} constraints, time limit {time_limit:g} s): "
+            f"{program.num_rows} constraints, time limit {time_limit:g} s, node limit "
+            f"{node_limit}): "
             f"{result.message}",
             fix="raise time_limit, or check the model with level.solve_level (the DP).")
     offsets = np.concatenate([[0], np.cumsum(model.domains)]).astype(np.int64)

@@ -54,8 +54,13 @@ from tofu_tf.search.topology import Topology
 
 MAX_JOINT_CHOICES = 1_000_000        # joint choices summed over ops, before giving up
 # Most ILP columns `optimum` gives HiGHS where the DP's tables are too large: the LSTM at
-# 2x4 with shared reads has 66338 (proved in 2.5 s), the Transformer 144728 (87 s).
+# 2x4 with shared reads has 66338 (proved in 2.2-3.3 CPU seconds), the Transformer 144728.
 ILP_VARIABLES = 100_000
+# Most branch-and-bound nodes it may take: the bound that decides, as the time limit
+# would on a loaded machine. Every joint ILP of the tiny models at 2x2, 2x4 and 2x2x2,
+# with and without shared reads, is proved at its root node (its LP relaxation is
+# integral), up to 194563 columns in 10 CPU seconds.
+ILP_NODES = 1_000
 # Most chains x table entries of one op: the min over chains (level._min_table) takes
 # about a second per 2^26 (the Transformer's largest at 2x2x2: 179 x 250047).
 MAX_OP_TABLE = 2 ** 26
@@ -383,13 +388,14 @@ class JointModel:
 
     def solve(self, method: JointMethod = JointMethod.DP,
               time_limit: float = DEFAULT_TIME_LIMIT,
-              max_variables: int | None = None) -> JointSolution:
+              max_variables: int | None = None,
+              node_limit: int | None = None) -> JointSolution:
         start = time.perf_counter()
         found = {}
         if method in (JointMethod.DP, JointMethod.BOTH):
             found[JointMethod.DP] = self._dp()
         if method in (JointMethod.ILP, JointMethod.BOTH):
-            found[JointMethod.ILP] = self._ilp(time_limit, max_variables)
+            found[JointMethod.ILP] = self._ilp(time_limit, max_variables, node_limit)
         costs = [self.model.evaluate(leaves)[0] for leaves in found.values()]
         if not math.isclose(min(costs), max(costs), rel_tol=1e-9):
             raise TofuError(f"the joint DP and ILP disagree: {dict(zip(found, costs))}.",
@@ -407,12 +413,15 @@ class JointModel:
                 fix="use JointMethod.ILP for this graph.")
         return solution.assignment
 
-    def _ilp(self, time_limit: float, max_variables: int | None) -> tuple[int, ...]:
-        solution = ilp_minimum(self.model, time_limit, max_variables=max_variables)
+    def _ilp(self, time_limit: float, max_variables: int | None,
+             node_limit: int | None) -> tuple[int, ...]:
+        solution = ilp_minimum(self.model, time_limit, max_variables=max_variables,
+                               node_limit=node_limit)
         if not solution.optimal:
             raise PlanInfeasibleError(
                 f"HiGHS did not prove the joint ILP optimal within {time_limit:g} s "
-                f"({solution.variables} variables, {solution.constraints} constraints).",
+                f"and {node_limit} nodes ({solution.variables} variables, "
+                f"{solution.constraints} constraints).",
                 fix="raise time_limit, or use JointMethod.DP.")
         return solution.assignment
 
@@ -563,8 +572,8 @@ def optimum(build: Callable[..., JointModel], ilp_seconds: float = 0.0
     """The joint model `build(method=...)` makes and its optimum: by the DP, or where the DP's
     tables would be too large (JointTooWide) by HiGHS, if `ilp_seconds` > 0 and the ILP
     has at most ILP_VARIABLES columns; an ILP answer counts only where HiGHS proves it
-    optimal within `ilp_seconds`. Raises JointTooLarge, or PlanInfeasibleError where
-    HiGHS is not given or does not prove it."""
+    optimal within ILP_NODES nodes (and `ilp_seconds`, a bound for safety). Raises
+    JointTooLarge, or PlanInfeasibleError where HiGHS is not given or does not prove it."""
     try:
         model = build(method=JointMethod.DP)
     except JointTooWide:             # told before the walk: build the ILP's model
@@ -577,4 +586,5 @@ def optimum(build: Callable[..., JointModel], ilp_seconds: float = 0.0
         except JointTooWide:         # the elimination went past its bound: same model
             if ilp_seconds <= 0:
                 raise
-    return model, model.solve(JointMethod.ILP, ilp_seconds, max_variables=ILP_VARIABLES)
+    return model, model.solve(JointMethod.ILP, ilp_seconds, max_variables=ILP_VARIABLES,
+                              node_limit=ILP_NODES)
