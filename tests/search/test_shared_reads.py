@@ -61,16 +61,15 @@ def test_one_level_search_bytes_are_the_emitted_bytes(name, topology):
 
 
 @pytest.mark.parametrize("name,topology", [
-    ("mlp", "2x4"), ("lstm", "2x4"), ("transformer", "2x4"), ("mlp", "2x2x2"),
-    ("lstm", "2x2x2"), ("transformer", "2x2x2"), ("wresnet", "2x2x2")])
+    ("mlp", "2x4"), ("lstm", "2x4"), ("transformer", "2x4"), ("wresnet", "2x4"),
+    ("mlp", "2x2x2"), ("lstm", "2x2x2"), ("transformer", "2x2x2"), ("wresnet", "2x2x2")])
 def test_outermost_links_carry_what_the_search_priced(name, topology):
     """Across levels an outermost two-way cut is priced as the emitter moves it: a region
     sent into a group once, a partial result reduced once per slice (its replicated
     copies inside a group each reducing their own: collectives.py), a small one exchanged
     level by level. (Inside groups see below; at a wider outermost cut a view stored in
     another layout than its tensor is a copy the emitter does not make, its readers pull
-    their regions from the tensor's holders. WResNet at 2x4: below, its plan has two
-    readers of one slab at level 1.)"""
+    their regions from the tensor's holders.)"""
     graph, entries = imported(name)
     plan = make_plan(graph.graph, Topology.parse(topology), options=ON)
     predicted = predict(plan, graph, entries)[0].predicted_per_level
@@ -110,24 +109,35 @@ def test_groups_unlike_part_0s_are_priced_as_part_0s():
 @pytest.mark.parametrize("name", ["mlp", "lstm", "wresnet"])
 def test_three_levels_stay_near_the_emitted_bytes(name):
     """What 2x2x2 still leaves apart: a few small partial results reduced over three
-    levels (LSTM 0.16%; WResNet 8 B of 1108200, the MLP none). A smaller part of an uneven split
+    levels (LSTM 0.16%; WResNet 512 B of 1120056, a batch norm's means; the MLP none). A smaller part of an uneven split
     (WResNet's 3-tap kernels cut 2x2) is cut as its group's part 0, as the search
     prices it: run whole, it fetched what its neighbour stores (1%)."""
     searched, moved = emitted_bytes(name, "2x2x2", BYTES)
     assert abs(searched / moved - 1) <= 0.002
 
 
-@pytest.mark.parametrize("topology", ["2", "4", "2x4"])
-def test_readers_of_one_split_region_are_still_priced_apart(topology):
-    """What views leave: a WResNet activation stored split on the batch whose two
-    readers take one channel slab (a convolution and its filter gradient) while others
-    read the batch part (at 2x4, level 1: one slab of rows, a convolution split on its
-    output rows and a filter gradient reducing over them); the search prices the slab
-    twice, the emitter moves it once. The search's bytes are an upper bound, and still no
-    more than without views."""
-    searched, moved = emitted_bytes("wresnet", topology, ON)
+@pytest.mark.parametrize("options", [ON, BYTES], ids=["on", "bytes"])
+@pytest.mark.parametrize("topology", ["2", "4", "8"])
+def test_readers_of_one_part_of_a_tensor_read_it_once(topology, options):
+    """A WResNet activation stored split on the batch whose two readers take one strided
+    part of it (a stride-2 shortcut convolution and its filter gradient, each cut on the
+    input channels) while others read all of it: the two read through a view of that
+    part, which stores and moves nothing else, so the search prices the slab they share
+    once, as the emitter sends it (before views of a part, twice: 616152 B searched
+    against 605400 moved at 4 devices)."""
+    searched, moved = emitted_bytes("wresnet", topology, options)
     _, before = emitted_bytes("wresnet", topology, OFF)
-    assert moved <= searched and moved <= before
+    assert searched == moved and moved <= before
+
+
+def test_a_views_own_conversion_is_an_upper_bound():
+    """What views leave at 2x4: WResNet's level 2 converts an output gradient into its
+    view's layout (3072 B per group) after its op's own conversion; the emitter makes no
+    such copy, its readers fetch their regions from the gradient's holders directly. The
+    search's bytes are an upper bound, and still no more than without views."""
+    searched, moved = emitted_bytes("wresnet", "2x4", ON)
+    _, before = emitted_bytes("wresnet", "2x4", OFF)
+    assert moved <= searched <= 1.01 * moved and moved <= before
 
 
 def test_the_plan_without_views_keeps_its_choices_when_priced_with_views():

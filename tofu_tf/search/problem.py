@@ -39,8 +39,8 @@ class TensorSpec:
     name: str
     shape: tuple[int, ...]
     dtype: str
-    # Of a view of a part of its tensor (with_views): that part, which a whole (R, G(d))
-    # view assembles on every part instead of all of it (_assembled).
+    # Of a view of a part of its tensor (with_views): that part, all the view stores and
+    # moves (_pending_entries).
     footprint: Box | None = None
 
     @property
@@ -461,38 +461,26 @@ def _pending_entries(problem, op, choice, batch: _Batch) -> list[tuple]:
                             extra))
     for o, state in enumerate(choice.produced):
         spec = problem.tensors[op.outputs[o]]
-        domain = _domain(choice.output_boxes[o], spec.shape)
-        size = box_volume(domain)
+        produced = choice.output_boxes[o]
+        domain = _domain(produced, spec.shape)
         if state.kind == "partial":    # the group reduces all it produced (collectives.py)
             entries.append(("partial", ("out", o), spec, None,
                             (math.prod(op.sem.output_shapes[o]),
-                             math.prod(spec.shape) - size)))
-        elif state.kind == "split":
+                             math.prod(spec.shape) - box_volume(domain))))
+            continue
+        whole = math.prod(spec.shape)
+        if spec.footprint is not None:     # a view of a part stores and moves that part
+            whole, domain = box_volume(spec.footprint), _meet(domain, spec.footprint)
+            produced = tuple(_meet(box, spec.footprint) for box in produced)
+        if state.kind == "split":
             entries.append(("convert", ("out", o), spec,
                             batch.add((domain,) * problem.k, spec.shape),
-                            (batch.add(choice.output_boxes[o], spec.shape),
-                             math.prod(spec.shape) - size,
-                             _assembled(problem, spec, domain, choice.output_boxes[o]))))
+                            (batch.add(produced, spec.shape), whole - box_volume(domain))))
         else:           # a reduced output comes whole from outside (ProblemOp.reduced)
             reduced = o < len(op.reduced) and op.reduced[o]
             entries.append(("replicated", ("out", o), spec, None,
-                            (None, math.prod(spec.shape) - (0 if reduced else size),
-                             None if reduced else _assembled(problem, spec, domain,
-                                                             (domain,) * problem.k))))
+                            (None, whole - (0 if reduced else box_volume(domain)))))
     return entries
-
-
-def _assembled(problem: Problem, spec: TensorSpec, domain: Box, produced: tuple[Box, ...]
-               ) -> int | None:
-    """The elements a whole state of a view of a part F (TensorSpec.footprint) moves: F on
-    every part, less what each part produced of it, and the rest of F from outside the
-    group (k - 1) times; None for any other tensor."""
-    footprint = spec.footprint
-    if footprint is None:
-        return None
-    k, inside = problem.k, box_volume(_meet(footprint, domain))
-    return (k * inside - sum(box_volume(_meet(footprint, box)) for box in produced)
-            + (k - 1) * (box_volume(footprint) - inside))
 
 
 def _part_footprint(footprint: Box | None, shape: tuple[int, ...]) -> Box | None:
@@ -530,9 +518,10 @@ def _finish(problem, entry, volumes, pairs, rank, columns
     A Partial output reduces all the op's local output, the part other groups store too.
     A G(d) state (a view: with_views) is assembled whole on every part, once, from what
     the parts produced, as the emitter's readers take it: its conversion is R's (a
-    Partial one reduces as for R, an all-reduce; of a view of a part, that part alone:
-    _assembled), its reads fetch nothing more, and the
-    next level cuts it whole (level_models); it is stored as Split(d) (memory only).
+    Partial one reduces as for R, an all-reduce), its reads fetch nothing more, and the
+    next level cuts it whole (level_models); it is stored as Split(d) (memory only). A
+    view of a part (TensorSpec.footprint) stores and converts that part alone: its
+    readers fetch nothing else, and the emitter sends them nothing else.
     Transfers, as the emitter makes them: a fetch, the (receiver, holder) pairs whose
     regions meet (cost.partners; none from R); a split output, the (producer, keeper)
     pairs; a Partial one, the ring's k (k - 1) messages per pass (two for R); at least one
@@ -553,7 +542,7 @@ def _finish(problem, entry, volumes, pairs, rank, columns
                                            + found.whole * outside)
         count = k * (k - 1) * found.reduce_factors
     else:
-        produced_index, outside, assembled = second
+        produced_index, outside = second
         copies = found.whole * ((k - 1) * outside)
         if kind == "replicated":                 # every part produced the whole domain
             moved = spec.itemsize * copies
@@ -562,8 +551,6 @@ def _finish(problem, entry, volumes, pairs, rank, columns
             held = volumes[first][found.assembled]      # sum_p |H_p(X) ∩ domain|
             moved = spec.itemsize * (held - volumes[produced_index][found.assembled] + copies)
             count = pairs[produced_index][found.assembled]
-        if assembled is not None:              # a whole view of a part assembles that part
-            moved = np.where(found.whole > 0, spec.itemsize * assembled, moved)
     return position, moved, np.where(moved > 0, np.maximum(count, 1), 0)
 
 
