@@ -31,7 +31,8 @@ Sections (each merged into bench/results/search.json; the tables go to search.md
   its 8-device rows: three levels, where the lookahead runs).
 - views: each configuration at 4 and 8 devices, the search against the same with
   `Options(shared_reads=True)`, at `--flop_bytes` as configs: median search seconds
-  (alternating runs), the plans' bytes and their emitted steps' (`--only` narrows it).
+  (alternating runs), the plans' bytes and their emitted steps' (`--only` reruns the
+  configurations it names, the other rows kept).
 - stock: every stock Keras model of tofu_tf.models.keras_models (batch 8, its small
   test sizes) at 4, 6 and 8 devices (`Topology.default`: 2x2, 3x2, 2x2x2): the default
   search against the recursion alone (`Options(joint_choices=0)`), bytes and seconds, and
@@ -575,7 +576,8 @@ def main(argv) -> int:
             "loaded": ("loaded", lambda: loaded(FLAGS.repeats)), "gap": ("gap", gap),
             "accounts": ("accounts", accounts), "stock": ("stock", stock),
             "stock_lookahead": ("stock_lookahead", lambda: stock(lookahead=True)),
-            "views": ("views", lambda: views(FLAGS.repeats))}
+            "views": ("views", lambda: {**(stored.get("views", {}) if FLAGS.only else {}),
+                                        **views(FLAGS.repeats)})}
     if sections - runs.keys():
         raise app.UsageError(f"unknown --sections {sorted(sections - runs.keys())}; "
                              f"choose from {sorted(runs)}")
