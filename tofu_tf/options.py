@@ -87,8 +87,9 @@ class Options:
     # (with shared reads, the views' groups widen them: the LSTM at 2x4), HiGHS solves it
     # if its ILP has at most joint.ILP_VARIABLES columns; its answer counts where HiGHS
     # proves it optimal within joint.ILP_NODES nodes, a bound of work that gives the same
-    # plan on any machine, and these seconds, a bound for safety (hit first, a warning
-    # says the plan depends on the machine). 0: the DP alone.
+    # plan on any machine, and these seconds (and what is left of search_time_limit_s),
+    # bounds for safety (hit first, a warning says the plan depends on the machine).
+    # 0: the DP alone.
     joint_ilp_seconds: float = 60.0
     # At three or more levels, where the joint problem is past joint_choices, also plan
     # the lookahead (search/recursive.py): each level but the last fixed by the joint

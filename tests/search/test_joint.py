@@ -16,6 +16,7 @@ from tofu_tf.importer.graphdef_io import import_graph_def
 from tofu_tf.models import build
 from tofu_tf.op_semantics.catalog import catalog
 from tofu_tf.options import Options
+from tofu_tf.search import recursive
 from tofu_tf.search.exact import JointMethod, joint_optimum, lookahead_search
 from tofu_tf.search.joint import (JointTooLarge, JointTooWide, joint_model,
                                   least_joint_choices)
@@ -150,6 +151,22 @@ def test_a_joint_ilp_stopped_by_the_clock_is_told_and_not_taken(caplog):
                          options=dataclasses.replace(options, joint_ilp_seconds=1e-3))
     assert "Options.joint_ilp_seconds" in caplog.text
     assert not clocked.joint and clocked.objective == dp_alone.objective
+
+
+def test_the_joint_ilp_stops_by_the_searchs_time_limit(monkeypatch):
+    """Options.search_time_limit_s bounds HiGHS too: the joint ILP is given no more than
+    what is left of it (not joint_ilp_seconds, 60 s by default)."""
+    graph, entries = graph_of("lstm")
+    given = []
+    optimum = recursive.joint.optimum
+
+    def spy(build, ilp_seconds=0.0):
+        given.append(ilp_seconds)
+        return optimum(build, ilp_seconds)
+    monkeypatch.setattr(recursive.joint, "optimum", spy)
+    options = Options(shared_reads=True, flop_bytes=0.0, search_time_limit_s=30.0)
+    search(graph, Topology.parse("2x4"), entries=entries, options=options)
+    assert given and all(0 < seconds <= 30.0 for seconds in given)
 
 
 def test_a_bad_ilp_time_limit_is_a_typed_error():

@@ -244,11 +244,15 @@ def _joint(graph, topology, entries, coarse, options, solver, cache, deadline
     storage = _storage(options)
     start = time.perf_counter()
     for tried in _view_tries(options):
+        check_deadline(deadline, options, "before the joint search")
+        ilp_seconds = options.joint_ilp_seconds
+        if deadline is not None and ilp_seconds > 0:   # HiGHS stops by the search's limit
+            ilp_seconds = min(ilp_seconds, max(deadline - time.perf_counter(), 1e-3))
         try:
             model, best = joint.optimum(functools.partial(
                 joint.joint_model, graph, topology, entries=entries, coarse=coarse,
                 options=tried, storage=storage, cache=cache,
-                max_joint_choices=options.joint_choices), options.joint_ilp_seconds)
+                max_joint_choices=options.joint_choices), ilp_seconds)
             break
         except TofuError as err:     # too large, or neither the DP nor HiGHS exact
             logging.debug("no joint search (shared reads %s): %s", tried.shared_reads, err)
