@@ -109,9 +109,10 @@ def test_groups_unlike_part_0s_are_priced_as_part_0s():
 @pytest.mark.parametrize("name", ["mlp", "lstm", "wresnet"])
 def test_three_levels_stay_near_the_emitted_bytes(name):
     """What 2x2x2 still leaves apart: a few small partial results reduced over three
-    levels (LSTM 0.16%; WResNet 512 B of 1120056, a batch norm's means; the MLP none). A smaller part of an uneven split
-    (WResNet's 3-tap kernels cut 2x2) is cut as its group's part 0, as the search
-    prices it: run whole, it fetched what its neighbour stores (1%)."""
+    levels (LSTM 0.16%; WResNet 512 B of 1120056, a batch norm's means; the MLP none). A
+    smaller part of an uneven split (WResNet's 3-tap kernels cut 2x2) is cut as its
+    group's part 0, as the search prices it: run whole, it fetched what its neighbour
+    stores (1%)."""
     searched, moved = emitted_bytes(name, "2x2x2", BYTES)
     assert abs(searched / moved - 1) <= 0.002
 

@@ -239,7 +239,8 @@ def ilp_minimum(model: LevelModel, time_limit: float = DEFAULT_TIME_LIMIT,
         logging.warning(
             "HiGHS stopped at the ILP's time limit (%g s) before its node limit (%d): the "
             "plan depends on this machine's speed and load (for the joint search, raise "
-            "Options.joint_ilp_seconds).", time_limit, node_limit)
+            "Options.joint_ilp_seconds, or Options.search_time_limit_s where that is "
+            "what was left).", time_limit, node_limit)
     if result.x is None:
         raise PlanInfeasibleError(
             f"HiGHS found no solution of the cut's ILP ({program.num_columns} variables, "

@@ -138,10 +138,12 @@ class Problem:
         replicable = (viewed(tensor) if view else tensor) in self.replicable
         spec = self.tensors[tensor]
         shape, footprint = spec.shape, spec.footprint
-        key = (shape, self.k, None if replicable else self.replicate_below, view, footprint)
+        replicate_below = None if replicable else self.replicate_below
+        key = (shape, self.k, replicate_below, view, footprint)
         found = self.cache.stored.get(key)
         if found is None:
-            states, kinds = tensor_states(*key[:4]), self.cache.kinds
+            states = tensor_states(shape, self.k, replicate_below, view)
+            kinds = self.cache.kinds
             found = self.cache.stored[key] = (
                 states, kinds.setdefault((shape, states, footprint), len(kinds)))
         self._stored[tensor] = found
