@@ -55,12 +55,35 @@ def _in_the_child(parent: int, then):
     return recurse
 
 
+@pytest.mark.parametrize("shared_reads", [False, True], ids=["plain", "shared_reads"])
 @pytest.mark.parametrize("devices", [4, 8])
-def test_forked_search_finds_the_sequential_plan(graph, devices, monkeypatch):
-    sequential = make_plan(graph, Topology.default(devices))
+def test_forked_search_finds_the_sequential_plan(graph, devices, shared_reads, monkeypatch):
+    options = Options(shared_reads=shared_reads)
+    sequential = make_plan(graph, Topology.default(devices), options=options)
     monkeypatch.setattr(recursive, "LARGE_GRAPH_OPS", 0)
-    parallel = make_plan(graph, Topology.default(devices))
+    parallel = make_plan(graph, Topology.default(devices), options=options)
     assert _summary(parallel) == _summary(sequential)
+
+
+def test_with_shared_reads_each_process_prices_one_plan_without_them(graph, forked,
+                                                                     monkeypatch):
+    """The plan without views, priced with them, is two candidates (its choices kept, or
+    chosen again): the parent searches one, the child the other after its policy."""
+    parent, seen, real = os.getpid(), [], recursive._repriced
+
+    def recording(*args, **kwargs):
+        if os.getpid() == parent:
+            seen.append(kwargs["keeps"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(recursive, "_repriced", recording)
+    options = dataclasses.replace(BYTES, shared_reads=True, joint_choices=1)
+    forked_plan = recursive.search(graph, Topology.default(8), options=options)
+    assert seen == [(True,)]
+    monkeypatch.setattr(recursive, "LARGE_GRAPH_OPS", 10 ** 9)
+    sequential = recursive.search(graph, Topology.default(8), options=options)
+    assert seen == [(True,), (True,), (False,)]
+    assert forked_plan.objective == sequential.objective
 
 
 def test_the_partitioned_policy_runs_in_another_process(graph, forked, monkeypatch):

@@ -178,9 +178,24 @@ def _search(graph, topology, solver, entries, options, memory_weight, cache,
         return _recurse(graph, topology, entries, coarse, options, policy, solver, cache,
                         deadline)
 
+    # With shared reads, the recursion's plan without them priced with them is two
+    # candidates more (_repriced: its choices kept, or chosen again), which need nothing
+    # of the policies' searches: where those run in two processes, one goes to each.
+    repricing = []
+    if exact_dp and len(topology.levels) > 1 and not memory_weight and \
+            options.shared_reads and options.joint_choices:
+        plain = functools.cache(lambda: _upper_levels(
+            graph, topology, entries, coarse, dataclasses.replace(options, shared_reads=False),
+            policies[0], solver, cache, deadline))
+
+        def reprice(keep: bool) -> SearchResult:
+            return _repriced(graph, topology, entries, coarse, options, policies[0], plain(),
+                             solver, cache, deadline, keeps=(keep,))
+        repricing = [functools.partial(reprice, keep) for keep in (True, False)]
     if len(policies) == 2 and len(graph) >= LARGE_GRAPH_OPS and _forking.available():
-        results = _both_policies(graph, coarse, run, estimate=bool(memory_weight),
-                                 stages=stages)
+        results, repriced = _both_policies(graph, coarse, run, estimate=bool(memory_weight),
+                                           stages=stages, here=repricing[:1],
+                                           there=repricing[1:])
     else:
         results = []
         for policy in policies:
@@ -188,6 +203,7 @@ def _search(graph, topology, solver, entries, options, memory_weight, cache,
                     not results[0].replicates_variables:
                 break  # the replicable optimum is feasible and optimal for this policy too
             results.append(run(policy))
+        repriced = [reprice() for reprice in repricing]
     objective = options.objective
     joint_plan = None
     if exact_dp and len(topology.levels) > 1 and not memory_weight:
@@ -201,15 +217,7 @@ def _search(graph, topology, solver, entries, options, memory_weight, cache,
                                deadline)
             if ahead is not None:
                 results.append(ahead)
-        if options.shared_reads and options.joint_choices:
-            policy = results[0].variable_storage
-            plain = _recurse(graph, topology, entries, coarse,
-                             dataclasses.replace(options, shared_reads=False), policy, solver,
-                             cache, deadline)
-            results.append(_repriced(graph, topology, entries, coarse, options, policy,
-                                     [(level.assignment, level.choices)
-                                      for level in plain.levels[:-1]],
-                                     solver, cache, deadline))
+    results.extend(repriced)
     if memory_weight:          # memory decides too: estimate every candidate
         results = [r.with_memory(graph, stages) for r in results]
         best = min(results, key=lambda r: r.objective + memory_weight * r.memory.peak_bytes)
@@ -346,7 +354,7 @@ def lookahead(ways: tuple[int, ...], solver, max_joint_choices: int
 
 
 def _repriced(graph, topology, entries, coarse, options, storage, upper, solver, cache,
-              deadline) -> SearchResult:
+              deadline, keeps: Sequence[bool] = (True, False)) -> SearchResult:
     """A plan of the search without views, priced with them (`options.shared_reads`): every
     level but the last in the states `upper` gives it (per level, the states and choices
     of the model without views), the views' states chosen under them
@@ -359,10 +367,10 @@ def _repriced(graph, topology, entries, coarse, options, storage, upper, solver,
     their level alone; neither is always the cheaper in all (kept: the LSTM-4-4096 at
     2x2 1.7% less, a bias gradient's sum not reading a gradient gathered at level 1;
     chosen again: the tiny WResNet at 2x4, bytes alone, 1.1% less), so both are priced
-    and the cheaper is the plan."""
+    and the cheaper is the plan (of those `keeps` names)."""
     plans = [_recurse(graph, topology, entries, coarse, options, storage, upper_fixed(
         [functools.partial(views_result, assignment=states, labels=labels if keep else {})
-         for states, labels in upper], solver), cache, deadline) for keep in (True, False)]
+         for states, labels in upper], solver), cache, deadline) for keep in keeps]
     return min(plans, key=lambda r: r.cost(options.objective))
 
 
@@ -388,31 +396,63 @@ def _replay(graph, topology, entries, coarse, options, policy, cache, levels
     return model, levels[-1]
 
 
-def _both_policies(graph: Graph, coarse: CoarseGraph, run, estimate: bool, stages=None
-                   ) -> list[SearchResult]:
+def _both_policies(graph: Graph, coarse: CoarseGraph, run, estimate: bool, stages=None,
+                   here: Sequence[Callable[[], SearchResult]] = (),
+                   there: Sequence[Callable[[], SearchResult]] = ()
+                   ) -> tuple[list[SearchResult], list[SearchResult]]:
     """The replicable policy here while a forked process searches the partitioned one
-    from the same catalog and coarse graph. Its result counts where the replicable plan
-    replicates a variable; it comes back without its last level's model (rebuilt here if
-    it wins), with its memory estimate only when memory decides (`estimate`), else made
-    here for the winner; and with the unpartitioned graph's estimate (both results get
-    it). The child computes overlaps with NumPy (same answers): the C++ op runs in
-    TensorFlow, whose threads a fork leaves behind."""
-    def partitioned() -> SearchResult:
+    from the same catalog and coarse graph; then the searches `here` here, and `there`
+    in the child after its policy: (the policies' results, those of `here` and `there`
+    in order). The partitioned policy's result counts where the replicable plan
+    replicates a variable. The child's results come back without their last level's
+    model (rebuilt here if one wins), the partitioned one with its memory estimate only
+    when memory decides (`estimate`), else made here for the winner; and with the
+    unpartitioned graph's estimate (both policies' results get it). The child computes
+    overlaps with NumPy (same answers): the C++ op runs in TensorFlow, whose threads a
+    fork leaves behind."""
+    def portable(result: SearchResult) -> SearchResult:
+        return dataclasses.replace(result, coarse=None, last=None)
+
+    def child() -> tuple[SearchResult, list[SearchResult]]:
         cost_op.use_backend(cost_op.Backend.NUMPY)
         result = run(VariableStorage.PARTITIONED)
         if estimate:
             result = result.with_memory(graph, stages)
-        return dataclasses.replace(result, coarse=None, last=None,
-                                   unpartitioned=single_device_peak(graph))
+        result = dataclasses.replace(portable(result),
+                                     unpartitioned=single_device_peak(graph))
+        return result, [portable(search()) for search in there]
 
-    with _forking.Forked(partitioned) as child:
+    def fallback() -> tuple[SearchResult, list[SearchResult]]:
+        return run(VariableStorage.PARTITIONED), [search() for search in there]
+
+    with _forking.Forked(child) as forked:
         first = run(VariableStorage.REPLICABLE)
-        if not first.replicates_variables:
-            return [first]
+        mine = [search() for search in here]
+        if not first.replicates_variables and not there:
+            return [first], mine
         first = first.with_memory(graph, stages)   # while the child finishes (it may not win)
-        second = child.result(fallback=lambda: run(VariableStorage.PARTITIONED))
+        second, theirs = forked.result(fallback=fallback)
         first = dataclasses.replace(first, unpartitioned=second.unpartitioned)
-        return [first, dataclasses.replace(second, coarse=coarse)]
+        policies = [first] + ([dataclasses.replace(second, coarse=coarse)]
+                              if first.replicates_variables else [])
+        return policies, mine + [dataclasses.replace(r, coarse=coarse) for r in theirs]
+
+
+def _upper_levels(graph, topology, entries, coarse, options, policy, solver,
+                  cache: SearchCache, deadline: float | None = None
+                  ) -> list[tuple[tuple[int, ...], dict[str, str]]]:
+    """Every level but the last of the recursion's plan, as `upper_fixed` takes them (per
+    level, the groups' states and the ops' choices); the last level is not built."""
+    models, upper = level_models(graph, topology, entries, coarse, options, policy, cache), []
+    model = next(models)
+    for index in range(len(topology.levels) - 1):
+        check_deadline(deadline, options, f"before level {index + 1} of "
+                                          f"{len(topology.levels)} of the plan without views")
+        result = solver(model)
+        upper.append((result.assignment, result.choices))
+        if index + 2 < len(topology.levels):
+            model = models.send(result)
+    return upper
 
 
 def _recurse(graph, topology, entries, coarse, options, policy, solver,
