@@ -178,12 +178,14 @@ def _search(graph, topology, solver, entries, options, memory_weight, cache,
         return _recurse(graph, topology, entries, coarse, options, policy, solver, cache,
                         deadline)
 
+    # More candidates than the recursion's (joint, lookahead, priced with views): for the
+    # exact DP over several levels, where memory does not decide.
+    candidates = exact_dp and len(topology.levels) > 1 and not memory_weight
     # With shared reads, the recursion's plan without them priced with them is two
     # candidates more (_repriced: its choices kept, or chosen again), which need nothing
     # of the policies' searches: where those run in two processes, one goes to each.
     repricing = []
-    if exact_dp and len(topology.levels) > 1 and not memory_weight and \
-            options.shared_reads and options.joint_choices:
+    if candidates and options.shared_reads and options.joint_choices:
         plain = functools.cache(lambda: _upper_levels(
             graph, topology, entries, coarse, dataclasses.replace(options, shared_reads=False),
             policies[0], solver, cache, deadline))
@@ -206,7 +208,7 @@ def _search(graph, topology, solver, entries, options, memory_weight, cache,
         repriced = [reprice() for reprice in repricing]
     objective = options.objective
     joint_plan = None
-    if exact_dp and len(topology.levels) > 1 and not memory_weight:
+    if candidates:
         joint_plan = _joint(graph, topology, entries, coarse, options, solver, cache,
                             deadline)
         if joint_plan is not None:
@@ -291,20 +293,19 @@ def _lookahead(graph, topology, entries, coarse, options, solver, cache, deadlin
     with them (`_repriced`)."""
     storage = _storage(options)
     for tried in _view_tries(options):
+        ahead = lookahead(topology.ways, solver, options.joint_choices)
         try:
-            result = _recurse(graph, topology, entries, coarse, tried, storage,
-                              lookahead(topology.ways, solver, options.joint_choices),
-                              cache, deadline)
-            break
+            if tried is options:
+                return _recurse(graph, topology, entries, coarse, tried, storage, ahead,
+                                cache, deadline)
+            upper = _upper_levels(graph, topology, entries, coarse, tried, storage, ahead,
+                                  cache, deadline)
         except NoLookahead as err:
             logging.debug("no lookahead (shared reads %s): %s", tried.shared_reads, err)
-    else:
-        return None
-    if tried is not options:
-        return _repriced(graph, topology, entries, coarse, options, storage,
-                         [(level.assignment, level.choices) for level in result.levels[:-1]],
-                         solver, cache, deadline)
-    return result
+            continue
+        return _repriced(graph, topology, entries, coarse, options, storage, upper, solver,
+                         cache, deadline)
+    return None
 
 
 def _view_tries(options: Options) -> list[Options]:
