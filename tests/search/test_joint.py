@@ -6,7 +6,9 @@ Past it, at three levels, Options.lookahead (each level fixed by its two-level o
 from __future__ import annotations
 
 import dataclasses
+import os
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -16,7 +18,7 @@ from tofu_tf.importer.graphdef_io import import_graph_def
 from tofu_tf.models import build
 from tofu_tf.op_semantics.catalog import catalog
 from tofu_tf.options import Options
-from tofu_tf.search import recursive
+from tofu_tf.search import joint, recursive
 from tofu_tf.search.exact import JointMethod, joint_optimum, lookahead_search
 from tofu_tf.search.joint import (JointTooLarge, JointTooWide, joint_model,
                                   least_joint_choices)
@@ -240,3 +242,53 @@ def test_random_graphs_lookahead_is_bounded_by_the_joint_optimum(data, topology)
         assert ahead.objective == optimum
     else:
         assert ahead.objective >= optimum
+
+
+def _same_models(a, b):
+    assert a.keys == b.keys and a.model.domains == b.model.domains
+    for op, chains in a.model.vectors.items():
+        assert [[group for group, _ in chain] for chain in chains] == \
+            [[group for group, _ in chain] for chain in b.model.vectors[op]]
+        for chain, other in zip(chains, b.model.vectors[op]):
+            assert all(np.array_equal(v, w) for (_, v), (_, w) in zip(chain, other))
+
+
+@pytest.mark.parametrize("name,topology", [("lstm", "2x2"), ("transformer", "2x2"),
+                                           ("mlp", "2x2x2")])
+def test_a_walk_shared_among_processes_builds_the_sequential_model(name, topology,
+                                                                    monkeypatch):
+    graph, entries = graph_of(name)
+    alone = joint_model(graph, Topology.parse(topology), entries=entries)
+    monkeypatch.setattr(joint, "PARALLEL_CHAINS", 0)
+    monkeypatch.setattr(joint, "_cores", lambda: 3)
+    _same_models(joint_model(graph, Topology.parse(topology), entries=entries), alone)
+
+
+def test_a_walking_process_that_dies_has_its_share_walked_by_the_caller(monkeypatch):
+    graph, entries = graph_of("lstm")
+    alone = joint_model(graph, Topology.parse("2x2"), entries=entries)
+    monkeypatch.setattr(joint, "PARALLEL_CHAINS", 0)
+    chains, caller = joint._Walk.chains, os.getpid()
+
+    def dying(self, *args):
+        if os.getpid() != caller:
+            os._exit(1)
+        return chains(self, *args)
+    monkeypatch.setattr(joint._Walk, "chains", dying)
+    monkeypatch.setattr(joint, "_cores", lambda: 2)
+    _same_models(joint_model(graph, Topology.parse("2x2"), entries=entries), alone)
+
+
+def test_a_walking_processs_error_reaches_the_caller(monkeypatch):
+    graph, entries = graph_of("lstm")
+    monkeypatch.setattr(joint, "PARALLEL_CHAINS", 0)
+    monkeypatch.setattr(joint, "_cores", lambda: 2)
+    chains, caller = joint._Walk.chains, os.getpid()
+
+    def failing(self, model, op, *args):
+        if os.getpid() != caller:
+            raise JointTooLarge(f"walked {op.name} elsewhere", fix="none")
+        return chains(self, model, op, *args)
+    monkeypatch.setattr(joint._Walk, "chains", failing)
+    with pytest.raises(JointTooLarge, match="elsewhere"):
+        joint_model(graph, Topology.parse("2x2"), entries=entries)

@@ -29,15 +29,21 @@ chains x table entries, it raises rather than run for hours.
 from __future__ import annotations
 
 import bisect
+import collections
+import contextlib
 import dataclasses
 import enum
+import functools
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 import numpy as np
 
+from tofu_tf import _forking
+from tofu_tf.cc import cost_op
 from tofu_tf.errors import PlanInfeasibleError, TofuError
 from tofu_tf.graph import Graph
 from tofu_tf.op_semantics.analysis import REPLICATED, OutputState
@@ -64,6 +70,10 @@ ILP_NODES = 1_000
 # Most chains x table entries of one op: the min over chains (level._min_table) takes
 # about a second per 2^26 (the Transformer's largest at 2x2x2: 179 x 250047).
 MAX_OP_TABLE = 2 ** 26
+# A walk of at least this many estimated chains (summed over the ops walked, one per
+# geometry) is shared among forked processes, at most MAX_WORKERS of the cores there are.
+PARALLEL_CHAINS = 1_000
+MAX_WORKERS = 8
 UNBOUNDED = 2 ** 40                  # a dim no box reaches past, for shape-free choices
 
 
@@ -544,18 +554,23 @@ def joint_below(root: LevelModel, ways: tuple[int, ...],
                            f"{dp.MAX_TABLE} (at {'x'.join(map(str, ways))}); it is meant "
                            f"for tiny graphs.", fix="use fewer levels or devices, or a "
                            "smaller model, or JointMethod.ILP.")
-    vectors, keys, made = {}, {}, {}
+    # each op's chains walked once per key: equal geometries (choices and vectors),
+    # group patterns and trees have equal chains
+    key_of, walked = {}, {}
     for op in base.ops:
-        tensors, scope = op.inputs + op.outputs, scopes[op.name]
+        scope = scopes[op.name]
         geo = geometry(base, op)
-        key = None if geo is None else (geo, tuple(scope.index(coarse.group_of[t])
-                                                   for t in tensors),
-                                        tuple(id(trees[g]) for g in scope))
-        choices = made.get(key)
-        if choices is None:
-            choices = walk.chains(root, op, scope, [trees[g] for g in scope])
-            if key is not None:
-                made[key] = choices
+        key_of[op.name] = op.name if geo is None else (
+            geo, tuple(scope.index(coarse.group_of[t]) for t in op.inputs + op.outputs),
+            tuple(id(trees[g]) for g in scope))
+        walked.setdefault(key_of[op.name], op)
+    repeats = collections.Counter(key_of.values())
+    chains = dict(zip(walked, _walk_ops(walk, root, list(walked.values()), scopes, trees,
+                                        [repeats[key] for key in walked],
+                                        [about[op.name] for op in walked.values()])))
+    vectors, keys = {}, {}
+    for op in base.ops:
+        choices, scope = chains[key_of[op.name]], scopes[op.name]
         walk.count(op, len(choices))
         if len(choices) * cells[op.name] > max_op_table:
             raise JointTooLarge.table(len(choices), cells[op.name], ways, max_op_table,
@@ -565,6 +580,63 @@ def joint_below(root: LevelModel, ways: tuple[int, ...],
                             for _, joint in choices]
     model = LevelModel(None, coarse, vectors, domains)
     return JointModel(model, trees, keys, ways)
+
+
+def _walk_ops(walk: _Walk, root: LevelModel, ops: list[ProblemOp], scopes, trees,
+              repeats: list[int], weights: list[int]) -> list:
+    """The chains of each op (`_Walk.chains`), in order: where the walk is large enough
+    (its ops' estimated chains past PARALLEL_CHAINS) and the machine has several cores,
+    shared among forked processes (`_forking`; each op's chains are the same whoever
+    walks them), the largest ops first, each to the least loaded process."""
+    workers = min(len(ops), MAX_WORKERS, _cores())
+    if workers < 2 or sum(weights) < PARALLEL_CHAINS or not _forking.available():
+        return _walk_share(walk, root, ops, scopes, trees, repeats)
+    shares, loads = [[] for _ in range(workers)], [0] * workers
+    for i in sorted(range(len(ops)), key=lambda i: -weights[i]):
+        least = loads.index(min(loads))
+        shares[least].append(i)
+        loads[least] += weights[i]
+
+    def share(indices: list[int]) -> list:
+        return _walk_share(walk, root, [ops[i] for i in indices], scopes, trees,
+                           [repeats[i] for i in indices])
+
+    def child(indices: list[int]) -> list:
+        cost_op.use_backend(cost_op.Backend.NUMPY)    # a fork leaves TensorFlow's threads
+        return share(indices)
+
+    out = [None] * len(ops)
+    with contextlib.ExitStack() as stack:
+        forked = [stack.enter_context(_forking.Forked(functools.partial(child, indices)))
+                  for indices in shares[1:]]
+        done = [share(shares[0])] + [f.result(fallback=functools.partial(share, indices))
+                                     for f, indices in zip(forked, shares[1:])]
+    for indices, walked in zip(shares, done):
+        for i, chains in zip(indices, walked):
+            out[i] = chains
+    return out
+
+
+def _walk_share(walk: _Walk, root: LevelModel, ops: list[ProblemOp], scopes, trees,
+                repeats: list[int]) -> list:
+    """The chains of `ops`, each standing for `repeats` ops; raises JointTooLarge as soon
+    as these alone are past the walk's limit."""
+    out, made = [], 0
+    for op, repeat in zip(ops, repeats):
+        scope = scopes[op.name]
+        out.append(walk.chains(root, op, scope, [trees[g] for g in scope]))
+        made += repeat * len(out[-1])
+        if made > walk.limit:
+            raise JointTooLarge.of(f"more than {walk.limit}", walk.ways, node=op.name,
+                                   op_type=op.sem.op_type)
+    return out
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:                  # no affinity on this platform
+        return os.cpu_count() or 1
 
 
 def optimum(build: Callable[..., JointModel], ilp_seconds: float = 0.0
