@@ -54,6 +54,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 from absl import app, flags
 
@@ -64,7 +65,8 @@ from common import (commit_label, configurations, load, load_imported, machine, 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("sections", "configs,end_to_end,backends,loaded,gap,accounts",
                     "comma-separated sections to run")
-flags.DEFINE_string("only", "", "comma-separated configuration names (default: all)")
+flags.DEFINE_string("only", "", "comma-separated configuration names, or stock model names "
+                    "for the stock sections; their rows replace the stored ones (default: all)")
 flags.DEFINE_string("e2e_child", "", "internal: measure one end-to-end run and print JSON")
 flags.DEFINE_string("devices", "2,4,6,8", "comma-separated device counts")
 flags.DEFINE_integer("repeats", 3, "search repetitions (the median is reported)")
@@ -529,7 +531,7 @@ def table(stored: dict) -> str:
 def stock(lookahead: bool = False) -> dict:
     """Per stock Keras model and device count: the default search (all levels at once
     where the joint problem fits), or with `Options(lookahead=True)`, against the
-    recursion alone, one run each."""
+    recursion alone, one run each; the models of --only (default: all)."""
     from tofu_tf.importer.graphdef_io import import_concrete_function
     from tofu_tf.models.keras_models import KERAS_MODELS, build_keras_step
     from tofu_tf.op_semantics.catalog import catalog
@@ -537,7 +539,7 @@ def stock(lookahead: bool = False) -> dict:
     from tofu_tf.search.recursive import search
     from tofu_tf.search.topology import Topology
     out = {}
-    for name in KERAS_MODELS:
+    for name in [n for n in FLAGS.only.split(",") if n] or KERAS_MODELS:
         step = build_keras_step(name, batch_size=8)       # alive: its variables
         graph = import_concrete_function(step.concrete_function()).graph
         entries = catalog(graph)
@@ -570,14 +572,17 @@ def main(argv) -> int:
     stored = read_results("search", FLAGS.fresh)
     stored.setdefault("results", {})
     sections = set(FLAGS.sections.split(","))
+    def merged(key: str, rows: Callable[[], dict]) -> Callable[[], dict]:
+        """With --only, the section's stored rows that were not rerun are kept."""
+        return lambda: {**(stored.get(key, {}) if FLAGS.only else {}), **rows()}
     runs = {"configs": ("depth_doubling", lambda: configs(stored)),
             "end_to_end": ("end_to_end", lambda: end_to_end(FLAGS.repeats)),
             "backends": ("backends", lambda: backends(FLAGS.repeats)),
             "loaded": ("loaded", lambda: loaded(FLAGS.repeats)), "gap": ("gap", gap),
-            "accounts": ("accounts", accounts), "stock": ("stock", stock),
-            "stock_lookahead": ("stock_lookahead", lambda: stock(lookahead=True)),
-            "views": ("views", lambda: {**(stored.get("views", {}) if FLAGS.only else {}),
-                                        **views(FLAGS.repeats)})}
+            "accounts": ("accounts", accounts), "stock": ("stock", merged("stock", stock)),
+            "stock_lookahead": ("stock_lookahead",
+                                merged("stock_lookahead", lambda: stock(lookahead=True))),
+            "views": ("views", merged("views", lambda: views(FLAGS.repeats)))}
     if sections - runs.keys():
         raise app.UsageError(f"unknown --sections {sorted(sections - runs.keys())}; "
                              f"choose from {sorted(runs)}")
