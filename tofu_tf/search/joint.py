@@ -23,7 +23,9 @@ more at 3), and a group's leaves the levels' state counts, so the op tables grow
 product of their groups' leaves: the tiny reference models take a second or a few at 2
 levels; at 3 the Transformer's about ten, WResNet's minutes (bench/results/search.md).
 Past `max_joint_choices` chains (summed over ops), or an op of more than MAX_OP_TABLE
-chains x table entries, it raises rather than run for hours.
+chains x table entries, it raises rather than run for hours. Building the chains (the
+walk: each local op costed at every part shape) takes most of the time; where it is large
+it is shared among forked processes, one per core (`_walk_ops`).
 """
 
 from __future__ import annotations
@@ -71,8 +73,9 @@ ILP_NODES = 1_000
 # about a second per 2^26 (the Transformer's largest at 2x2x2: 179 x 250047).
 MAX_OP_TABLE = 2 ** 26
 # A walk of at least this many estimated chains (summed over the ops walked, one per
-# geometry) is shared among forked processes, at most MAX_WORKERS of the cores there are.
-PARALLEL_CHAINS = 1_000
+# geometry) is shared among forked processes, at most MAX_WORKERS of the cores there are
+# (the tiny MLP's at 2x2, 284 and a fifth of a second, gains a third on 2 cores).
+PARALLEL_CHAINS = 250
 MAX_WORKERS = 8
 UNBOUNDED = 2 ** 40                  # a dim no box reaches past, for shape-free choices
 
@@ -585,7 +588,7 @@ def joint_below(root: LevelModel, ways: tuple[int, ...],
 def _walk_ops(walk: _Walk, root: LevelModel, ops: list[ProblemOp], scopes, trees,
               repeats: list[int], weights: list[int]) -> list:
     """The chains of each op (`_Walk.chains`), in order: where the walk is large enough
-    (its ops' estimated chains past PARALLEL_CHAINS) and the machine has several cores,
+    (its ops' estimated chains at least PARALLEL_CHAINS) and the machine has several cores,
     shared among forked processes (`_forking`; each op's chains are the same whoever
     walks them), the largest ops first, each to the least loaded process."""
     workers = min(len(ops), MAX_WORKERS, _cores())
