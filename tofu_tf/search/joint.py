@@ -166,6 +166,7 @@ class _Walk:
     templates: dict = field(default_factory=dict)      # template -> (op, choices, whole)
     vectors: dict = field(default_factory=dict)   # (template, choice, slot, tensor kind)
     #                                                 -> (bytes, transfers)
+    clamped: dict = field(default_factory=dict)        # clamp_boxed's memo
     choices: int = 0                                   # joint choices made so far
 
     def chains(self, model: LevelModel, op: ProblemOp, scope: tuple[int, ...],
@@ -302,7 +303,8 @@ class _Walk:
         if all(key in self.vectors for row in keys for key in row):
             return
         problem = self._problem(k, op, tensors)
-        problem.choices[op.name] = [clamp_boxed(c, op, problem) for c in chosen]
+        problem.choices[op.name] = [clamp_boxed(c, op, problem, self.clamped)
+                                    for c in chosen]
         vectors = cost_vectors(problem)
         for row, entries, counts in zip(keys, vectors[op.name], vectors.transfers(op.name)):
             self.vectors.update(zip(row, ((v, n) for (_, v), (_, n) in zip(entries, counts))))
@@ -327,21 +329,29 @@ def _slots(choice: Choice, op: ProblemOp) -> list[tuple[int, str]]:
             [(count + o, tensor) for o, tensor in enumerate(op.outputs)])
 
 
-def clamp_boxed(choice: Choice, op: ProblemOp, problem: Problem) -> Choice:
-    """A choice built on unbounded shapes, clamped to the tensors' real shapes."""
-    def clamp(boxes, shape):
-        return None if boxes is None else tuple(clamp_box(box, shape, (0,) * len(shape))
-                                                for box in boxes)
+def clamp_boxed(choice: Choice, op: ProblemOp, problem: Problem, memo: dict) -> Choice:
+    """A choice built on unbounded shapes, clamped to the tensors' real shapes. `memo`
+    keeps each (boxes, shape, input window) clamped with its extra read (`fetch_extra`):
+    many choices read or write a tensor alike (a walk clamps each about ten times)."""
+    def clamp(boxes, shape, window=()) -> tuple | None:         # window (): an output
+        if boxes is None:
+            return None, 0
+        key = (boxes, shape, window)
+        found = memo.get(key)
+        if found is None:
+            found = memo[key] = (
+                tuple(clamp_box(box, shape, (0,) * len(shape)) for box in boxes),
+                0 if window == () else fetch_extra(boxes, window, shape))
+        return found
 
-    def extra(i: int, boxes) -> int:
-        window = op.windows[i] if i < len(op.windows) else None
-        return 0 if boxes is None else fetch_extra(boxes, window,
-                                                   problem.tensors[op.inputs[i]].shape)
+    windows = [op.windows[i] if i < len(op.windows) else None
+               for i in range(len(op.inputs))]
+    inputs = [clamp(b, problem.tensors[t].shape, w)
+              for b, t, w in zip(choice.input_boxes, op.inputs, windows)]
     return dataclasses.replace(
-        choice, input_boxes=tuple(clamp(b, problem.tensors[t].shape)
-                                  for b, t in zip(choice.input_boxes, op.inputs)),
-        input_extra=tuple(extra(i, b) for i, b in enumerate(choice.input_boxes)),
-        output_boxes=tuple(clamp(b, problem.tensors[t].shape)
+        choice, input_boxes=tuple(boxes for boxes, _ in inputs),
+        input_extra=tuple(extra for _, extra in inputs),
+        output_boxes=tuple(clamp(b, problem.tensors[t].shape)[0]
                            for b, t in zip(choice.output_boxes, op.outputs)))
 
 
