@@ -56,7 +56,7 @@ from tofu_tf.search.coarsen import CoarseGraph, coarsen
 from tofu_tf.search.ilp import DEFAULT_TIME_LIMIT, ilp_minimum, merged_vectors
 from tofu_tf.search.level import LevelModel, choice_work, level_models
 from tofu_tf.search.problem import (Choice, Problem, ProblemOp, SearchCache, TensorSpec,
-                                    clamp_box, cost_vectors, fetch_extra, geometry,
+                                    clamp_box, entry_vectors, fetch_extra, geometry,
                                     make_choice, searched, sub_problem, viewed)
 from tofu_tf.search.topology import Topology
 
@@ -99,6 +99,11 @@ class StateTree:
     @property
     def size(self) -> int:
         return self.offsets[-1]
+
+    @functools.cached_property
+    def spread(self) -> np.ndarray:
+        """Per leaf, the index of the state it is below."""
+        return np.repeat(np.arange(len(self.states)), np.diff(self.offsets))
 
     def leaf(self, path: tuple[int, ...]) -> int:
         """The leaf index of a path of state indices, one per level."""
@@ -167,6 +172,7 @@ class _Walk:
     vectors: dict = field(default_factory=dict)   # (template, choice, slot, tensor kind)
     #                                                 -> (bytes, transfers)
     clamped: dict = field(default_factory=dict)        # clamp_boxed's memo
+    entries: dict = field(default_factory=dict)        # entry_vectors' memo
     choices: int = 0                                   # joint choices made so far
 
     def chains(self, model: LevelModel, op: ProblemOp, scope: tuple[int, ...],
@@ -267,8 +273,9 @@ class _Walk:
                 spec = node.tensors.get(tensor)
                 if spec is not None:
                     bytes_, transfers = self.vectors[template, n, slot, self.kind(spec)]
-                    out = bytes_ + price * transfers if out is None else \
-                        out + bytes_ + price * transfers
+                    if price:
+                        bytes_ = bytes_ + price * transfers
+                    out = bytes_ if out is None else out + bytes_
             return out
         per_node = [[[vector(n, node) for node in at] for at in nodes]
                     for n in range(len(chosen))]
@@ -303,11 +310,9 @@ class _Walk:
         if all(key in self.vectors for row in keys for key in row):
             return
         problem = self._problem(k, op, tensors)
-        problem.choices[op.name] = [clamp_boxed(c, op, problem, self.clamped)
-                                    for c in chosen]
-        vectors = cost_vectors(problem)
-        for row, entries, counts in zip(keys, vectors[op.name], vectors.transfers(op.name)):
-            self.vectors.update(zip(row, ((v, n) for (_, v), (_, n) in zip(entries, counts))))
+        clamped = [clamp_boxed(c, op, problem, self.clamped) for c in chosen]
+        for row, costs in zip(keys, entry_vectors(problem, op, clamped, self.entries)):
+            self.vectors.update(zip(row, costs))
 
 
 def _spread(nodes: list[_Node], per_node: list, scale: float, size: int) -> np.ndarray:
@@ -316,8 +321,7 @@ def _spread(nodes: list[_Node], per_node: list, scale: float, size: int) -> np.n
     out = np.zeros(size)
     for node, vector in zip(nodes, per_node):
         if vector is not None:
-            out[node.offset:node.offset + node.tree.size] += \
-                scale * np.repeat(vector, np.diff(node.tree.offsets))
+            out[node.offset:node.offset + node.tree.size] += scale * vector[node.tree.spread]
     return out
 
 

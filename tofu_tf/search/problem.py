@@ -454,13 +454,19 @@ def _pending_entries(problem, op, choice, batch: _Batch) -> list[tuple]:
     """(kind, position, tensor spec, batch row, detail) per tensor the choice moves: what
     `_finish` needs (only a fetch's boxes and a split output's domain and boxes take
     `overlaps` rows)."""
+    return [_stage(entry, batch) for entry in _entries(problem, op, choice)]
+
+
+def _entries(problem, op, choice) -> list[tuple]:
+    """(kind, position, tensor spec, boxes, detail) per tensor the choice moves, before
+    `_stage` puts the boxes in a batch: a fetch's boxes and extra elements; a split
+    output's (domain on every part, produced boxes) and elements outside the domain; a
+    Partial output's (local output elements, outside); a replicated one's outside."""
     entries = []
     for i, boxes in enumerate(choice.input_boxes):
         if boxes is not None:
-            spec = problem.tensors[op.inputs[i]]
             extra = choice.input_extra[i] if i < len(choice.input_extra) else 0
-            entries.append(("fetch", ("in", i), spec, batch.add(boxes, spec.shape),
-                            extra))
+            entries.append(("fetch", ("in", i), problem.tensors[op.inputs[i]], boxes, extra))
     for o, state in enumerate(choice.produced):
         spec = problem.tensors[op.outputs[o]]
         produced = choice.output_boxes[o]
@@ -475,14 +481,55 @@ def _pending_entries(problem, op, choice, batch: _Batch) -> list[tuple]:
             whole, domain = box_volume(spec.footprint), _meet(domain, spec.footprint)
             produced = tuple(_meet(box, spec.footprint) for box in produced)
         if state.kind == "split":
-            entries.append(("convert", ("out", o), spec,
-                            batch.add((domain,) * problem.k, spec.shape),
-                            (batch.add(produced, spec.shape), whole - box_volume(domain))))
+            entries.append(("convert", ("out", o), spec, ((domain,) * problem.k, produced),
+                            whole - box_volume(domain)))
         else:           # a reduced output comes whole from outside (ProblemOp.reduced)
             reduced = o < len(op.reduced) and op.reduced[o]
             entries.append(("replicated", ("out", o), spec, None,
-                            (None, whole - (0 if reduced else box_volume(domain)))))
+                            whole - (0 if reduced else box_volume(domain))))
     return entries
+
+
+def _stage(entry: tuple, batch: _Batch) -> tuple:
+    """An `_entries` entry as `_finish` takes it: its boxes added to `batch` as rows."""
+    kind, position, spec, boxes, detail = entry
+    if kind == "fetch":
+        return kind, position, spec, batch.add(boxes, spec.shape), detail
+    if kind == "convert":
+        held, produced = boxes
+        return (kind, position, spec, batch.add(held, spec.shape),
+                (batch.add(produced, spec.shape), detail))
+    return kind, position, spec, None, (None, detail) if kind == "replicated" else detail
+
+
+def entry_vectors(problem: Problem, op: ProblemOp, choices: list[Choice], memo: dict
+                  ) -> list[list[tuple[np.ndarray, np.ndarray]]]:
+    """Per choice, per entry `cost_vectors` makes for it (in its order), (bytes,
+    transfers) per state of the entry's tensor, as `cost_vectors` computes them; each
+    distinct entry once across calls: `memo` keeps them by what they depend on (the
+    entry's kind, boxes and detail, and its tensor's shape, item size and states at this
+    k). Choices of many ops and shapes read and write alike (the joint walk's: about a
+    tenth of its entries are distinct)."""
+    keyed, pending = [], {}
+    for choice in choices:
+        row = []
+        for entry in _entries(problem, op, choice):
+            kind, _, spec, boxes, detail = entry
+            key = (kind, boxes, detail, spec.shape, spec.itemsize,
+                   problem.states(spec.name), problem.k)
+            if key not in memo:
+                pending.setdefault(key, entry)
+            row.append(key)
+        keyed.append(row)
+    if pending:
+        rank = max([len(t.shape) for t in problem.tensors.values()] + [1])
+        batch = _Batch(rank, problem.k)
+        staged = {key: _stage(entry, batch) for key, entry in pending.items()}
+        volumes, pairs = batch.run()
+        columns: dict[str, _Columns] = {}
+        for key, entry in staged.items():
+            memo[key] = _finish(problem, entry, volumes, pairs, rank, columns)[1:]
+    return [[memo[key] for key in row] for row in keyed]
 
 
 def _part_footprint(footprint: Box | None, shape: tuple[int, ...]) -> Box | None:
