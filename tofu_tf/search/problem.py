@@ -507,16 +507,15 @@ def entry_vectors(problem: Problem, op: ProblemOp, choices: list[Choice], memo: 
     """Per choice, per entry `cost_vectors` makes for it (in its order), (bytes,
     transfers) per state of the entry's tensor, as `cost_vectors` computes them; each
     distinct entry once across calls: `memo` keeps them by what they depend on (the
-    entry's kind, boxes and detail, and its tensor's shape, item size and states at this
-    k). Choices of many ops and shapes read and write alike (the joint walk's: about a
+    entry's kind, boxes and detail, and its tensor's kind — shape, states, footprint —
+    and item size at this k). Choices of many ops and shapes read and write alike (the joint walk's: about a
     tenth of its entries are distinct)."""
     keyed, pending = [], {}
     for choice in choices:
         row = []
         for entry in _entries(problem, op, choice):
             kind, _, spec, boxes, detail = entry
-            key = (kind, boxes, detail, spec.shape, spec.itemsize,
-                   problem.states(spec.name), problem.k)
+            key = (kind, boxes, detail, problem.kind(spec.name), spec.itemsize, problem.k)
             if key not in memo:
                 pending.setdefault(key, entry)
             row.append(key)
