@@ -22,6 +22,8 @@ from tofu_tf.search import joint, recursive
 from tofu_tf.search.exact import JointMethod, joint_optimum, lookahead_search
 from tofu_tf.search.joint import (JointTooLarge, JointTooWide, joint_model,
                                   least_joint_choices)
+from tofu_tf.search.level import level_models, solve_level
+from tofu_tf.search.problem import cost_vectors, entry_vectors
 from tofu_tf.search.recursive import NoLookahead, search
 from tofu_tf.search.topology import Topology
 from tofu_tf.tools.fuzz import HypothesisChooser, random_step
@@ -292,3 +294,28 @@ def test_a_walking_processs_error_reaches_the_caller(monkeypatch):
     monkeypatch.setattr(joint._Walk, "chains", failing)
     with pytest.raises(JointTooLarge, match="elsewhere"):
         joint_model(graph, Topology.parse("2x2"), entries=entries)
+
+
+@pytest.mark.parametrize("name", ["wresnet", "transformer"])
+@pytest.mark.parametrize("shared_reads", [False, True])
+def test_entry_vectors_are_cost_vectors_each_distinct_entry_once(name, shared_reads):
+    """The walk's costing (problem.entry_vectors, remembering entries across calls) gives
+    every op's vectors as cost_vectors does, at an uneven cut and the level below it
+    (halos, partial results reduced above, views)."""
+    graph, entries = graph_of(name)
+    models = level_models(graph, Topology.parse("3x2"), entries,
+                          options=Options(shared_reads=shared_reads))
+    first = next(models)
+    memo, made = {}, 0
+    for model in (first, models.send(solve_level(first))):
+        problem, vectors = model.problem, cost_vectors(model.problem)
+        for op in problem.ops:
+            choices = problem.choices[op.name]
+            found = entry_vectors(problem, op, choices, memo)
+            made += sum(map(len, found))
+            for row, named, counts in zip(found, vectors[op.name],
+                                          vectors.transfers(op.name)):
+                assert len(row) == len(named)
+                for (moved, transfers), (_, v), (_, n) in zip(row, named, counts):
+                    assert np.array_equal(moved, v) and np.array_equal(transfers, n)
+    assert len(memo) < made / 2
