@@ -337,7 +337,7 @@ def clamp_boxed(choice: Choice, op: ProblemOp, problem: Problem, memo: dict) -> 
     """A choice built on unbounded shapes, clamped to the tensors' real shapes. `memo`
     keeps each (boxes, shape, input window) clamped with its extra read (`fetch_extra`):
     many choices read or write a tensor alike (a walk clamps each about ten times)."""
-    def clamp(boxes, shape, window=()) -> tuple | None:         # window (): an output
+    def clamp(boxes, shape, window=()) -> tuple:         # window (): an output
         if boxes is None:
             return None, 0
         key = (boxes, shape, window)
