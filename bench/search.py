@@ -572,6 +572,7 @@ def main(argv) -> int:
     stored = read_results("search", FLAGS.fresh)
     stored.setdefault("results", {})
     sections = set(FLAGS.sections.split(","))
+
     def merged(key: str, rows: Callable[[], dict]) -> Callable[[], dict]:
         """With --only, the section's stored rows that were not rerun are kept."""
         return lambda: {**(stored.get(key, {}) if FLAGS.only else {}), **rows()}

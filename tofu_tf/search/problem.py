@@ -499,7 +499,7 @@ def _stage(entry: tuple, batch: _Batch) -> tuple:
         held, produced = boxes
         return (kind, position, spec, batch.add(held, spec.shape),
                 (batch.add(produced, spec.shape), detail))
-    return kind, position, spec, None, (None, detail) if kind == "replicated" else detail
+    return kind, position, spec, None, ((None, detail) if kind == "replicated" else detail)
 
 
 def entry_vectors(problem: Problem, op: ProblemOp, choices: list[Choice], memo: dict
@@ -508,8 +508,8 @@ def entry_vectors(problem: Problem, op: ProblemOp, choices: list[Choice], memo: 
     transfers) per state of the entry's tensor, as `cost_vectors` computes them; each
     distinct entry once across calls: `memo` keeps them by what they depend on (the
     entry's kind, boxes and detail, and its tensor's kind — shape, states, footprint —
-    and item size at this k). Choices of many ops and shapes read and write alike (the joint walk's: about a
-    tenth of its entries are distinct)."""
+    and item size at this k). Choices of many ops and shapes read and write alike (of
+    the joint walk's entries about a tenth are distinct)."""
     keyed, pending = [], {}
     for choice in choices:
         row = []
