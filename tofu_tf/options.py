@@ -96,7 +96,7 @@ class Options:
     # optimum of it and the level below, each such problem within joint_choices; the
     # cheaper plan wins. It closes most of the recursion's gap on the tiny models (the
     # Transformer at 2x2x2 to its joint optimum) but found no cheaper plan on any stock
-    # Keras model at 8 devices, at up to 14x the recursion's time (bench/results/search.md).
+    # Keras model at 8 devices, at up to 4.1x the recursion's time (bench/results/search.md).
     lookahead: bool = False
     # Price a tensor that several ops read from other devices as the emitter moves it: a
     # region a device lacks is received once, whoever reads it. Its readers read it through
