@@ -3,7 +3,8 @@
 The search uses it to solve two independent problems on two cores: the child starts as a
 copy of the caller (the catalog and coarse graph already built, nothing to send), runs
 planner code only (never TensorFlow: a fork copies none of its threads, so a TensorFlow
-op would wait for them forever) and sends its value back pickled. Where the platform cannot fork, `available()` is False and callers run
+op would wait for them forever; so the child computes overlaps with NumPy, the C++ cost
+op's same answers) and sends its value back pickled. Where the platform cannot fork, `available()` is False and callers run
 the function themselves.
 """
 
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import multiprocessing
 from typing import Any, Callable
+
+from tofu_tf.cc import cost_op
 
 
 def available() -> bool:
@@ -56,6 +59,7 @@ class Forked:
 
 
 def _serve(fn: Callable[[], Any], sender) -> None:
+    cost_op.use_backend(cost_op.Backend.NUMPY)      # the C++ op runs in TensorFlow
     try:
         answer = (True, fn())
     except BaseException as error:  # noqa: BLE001 - every error goes back to the caller

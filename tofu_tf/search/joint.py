@@ -45,7 +45,6 @@ from typing import Callable, Mapping
 import numpy as np
 
 from tofu_tf import _forking
-from tofu_tf.cc import cost_op
 from tofu_tf.errors import PlanInfeasibleError, TofuError
 from tofu_tf.graph import Graph
 from tofu_tf.op_semantics.analysis import REPLICATED, OutputState
@@ -618,13 +617,9 @@ def _walk_ops(walk: _Walk, root: LevelModel, ops: list[ProblemOp], scopes, trees
         return _walk_share(walk, root, [ops[i] for i in indices], scopes, trees,
                            [repeats[i] for i in indices])
 
-    def child(indices: list[int]) -> list:
-        cost_op.use_backend(cost_op.Backend.NUMPY)    # a fork leaves TensorFlow's threads
-        return share(indices)
-
     out = [None] * len(ops)
     with contextlib.ExitStack() as stack:
-        forked = [stack.enter_context(_forking.Forked(functools.partial(child, indices)))
+        forked = [stack.enter_context(_forking.Forked(functools.partial(share, indices)))
                   for indices in shares[1:]]
         done = [share(shares[0])] + [f.result(fallback=functools.partial(share, indices))
                                      for f, indices in zip(forked, shares[1:])]

@@ -32,7 +32,6 @@ from absl import logging
 
 from tofu_tf import _forking
 from tofu_tf._gc import paused_gc
-from tofu_tf.cc import cost_op
 from tofu_tf.errors import PlanInfeasibleError, TofuError
 from tofu_tf.graph import Graph
 from tofu_tf.op_semantics.analysis import REPLICATED
@@ -409,13 +408,11 @@ def _both_policies(graph: Graph, coarse: CoarseGraph, run, estimate: bool, stage
     model (rebuilt here if one wins), the partitioned one with its memory estimate only
     when memory decides (`estimate`), else made here for the winner; and with the
     unpartitioned graph's estimate (both policies' results get it). The child computes
-    overlaps with NumPy (same answers): the C++ op runs in TensorFlow, whose threads a
-    fork leaves behind."""
+    overlaps with NumPy (`_forking`: same answers)."""
     def portable(result: SearchResult) -> SearchResult:
         return dataclasses.replace(result, coarse=None, last=None)
 
     def child() -> tuple[SearchResult, list[SearchResult]]:
-        cost_op.use_backend(cost_op.Backend.NUMPY)
         result = run(VariableStorage.PARTITIONED)
         if estimate:
             result = result.with_memory(graph, stages)
