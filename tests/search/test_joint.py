@@ -22,7 +22,8 @@ from tofu_tf.search import joint, recursive
 from tofu_tf.search.exact import JointMethod, joint_optimum, lookahead_search
 from tofu_tf.search.joint import (JointTooLarge, JointTooWide, joint_model,
                                   least_joint_choices)
-from tofu_tf.search.level import level_models, solve_level
+from tofu_tf.search import level
+from tofu_tf.search.level import LevelModel, level_models, solve_level
 from tofu_tf.search.problem import cost_vectors, entry_vectors
 from tofu_tf.search.recursive import NoLookahead, search
 from tofu_tf.search.topology import Topology
@@ -319,3 +320,30 @@ def test_entry_vectors_are_cost_vectors_each_distinct_entry_once(name, shared_re
                 for (moved, transfers), (_, v), (_, n) in zip(row, named, counts):
                     assert np.array_equal(moved, v) and np.array_equal(transfers, n)
     assert len(memo) < made / 2
+
+
+@pytest.mark.parametrize("name,topology,transfer_bytes,folds", [
+    ("transformer", "2x2", 0.0, True), ("mlp", "2x2x2", 0.0, False),
+    ("mlp", "2x2x2", 4096.0, False), ("wresnet", "2x2", 1000.5, True)])
+def test_a_joint_models_min_tables_and_best_choices_are_its_full_tables(
+        name, topology, transfer_bytes, folds):
+    """The joint model's DP reads each op's min table alone (LevelModel.min_table: folded
+    chain by chain over a large table, in chunks over a small one) and finds an op's
+    choice at one cell (best_choice): equal, bit for bit, to the full table with its
+    argmin (least bytes, then fewest transfers, then the first) at every cell, with a
+    transfer price too (a fractional one: the sums must be taken in the same order)."""
+    graph, entries = graph_of(name)
+    built = joint_model(graph, Topology.parse(topology), entries=entries).model
+    fast = LevelModel(None, built.coarse, built.vectors, built.domains,
+                      transfer_bytes=transfer_bytes)
+    full = dataclasses.replace(fast, _tables={}, _shared={}, _mins={}, _sums={})
+    folded = 0
+    for op in built.vectors:
+        scope, table = fast.min_table(op)
+        full_scope, full_table, argmin, _ = full.op_table(op)
+        assert scope == full_scope and np.array_equal(table, full_table), op
+        folded += table.ndim > 1 and table.size >= level._ROW_CELLS
+        cells = list(np.ndindex(table.shape))
+        for index in cells if len(cells) <= 4096 else cells[::len(cells) // 4096]:
+            assert fast.best_choice(op, index) == argmin[index], (op, index)
+    assert bool(folded) == folds

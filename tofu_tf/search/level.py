@@ -30,6 +30,7 @@ that go to the lowest state index (Split on the lowest dim, before R).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import time
@@ -63,6 +64,8 @@ class LevelModel:
     _tables: dict = field(default_factory=dict, repr=False)
     _shared: dict = field(default_factory=dict, repr=False)
     _work: dict = field(default_factory=dict, repr=False)
+    _mins: dict = field(default_factory=dict, repr=False)       # op -> min_table
+    _sums: dict = field(default_factory=dict, repr=False)       # op -> _named_sums
 
     @staticmethod
     def build(problem: Problem, coarse: CoarseGraph, flop_bytes: float = 0.0,
@@ -98,7 +101,36 @@ class LevelModel:
         return self.problem.states(self.coarse.members[group][0])
 
     def op_scope(self, op: str) -> tuple[int, ...]:
-        return self.op_table(op)[0]
+        return self.min_table(op)[0]
+
+    def min_table(self, op: str) -> tuple[tuple[int, ...], np.ndarray]:
+        """(scope, table = min over choices): op_table's first two. Of a model built from
+        named vectors (the joint model: hundreds of chains over up to a few hundred
+        thousand cells) the min alone, a few times faster than with its argmin and
+        transfers over every cell; `best_choice` finds those at the cell it is asked."""
+        if isinstance(self.vectors, OpVectors) or op in self._tables:
+            return self.op_table(op)[:2]
+        found = self._mins.get(op)
+        if found is None:
+            scope, key, sums, _ = self._named_sums(op)
+            least = self._shared.get(("min",) + key)
+            if least is None:
+                least = self._shared[("min",) + key] = _least(
+                    sums, tuple(self.domains[g] for g in scope))
+            found = self._mins[op] = (scope, least)
+        return found
+
+    def best_choice(self, op: str, index: tuple[int, ...]) -> int:
+        """The op's choice at the cell `index` of its scope, as op_table's argmin: least
+        cost (summed as _min_table sums it), then fewest transfers, then the first."""
+        if isinstance(self.vectors, OpVectors) or op in self._tables:
+            return int(self.op_table(op)[2].item(index))
+        scope, _, sums, moving = self._named_sums(op)
+        columns = np.cumsum((0,) + tuple(self.domains[g] for g in scope))[:-1] + index
+        cost = np.zeros(len(sums))
+        for column in columns:
+            cost = cost + sums[:, column]
+        return int(np.lexsort((moving[:, columns].sum(axis=1), cost))[0])
 
     def op_table(self, op: str) -> tuple[tuple[int, ...], np.ndarray, np.ndarray, np.ndarray]:
         """(scope, table = min over choices, argmin choice, transfers of that choice) over
@@ -170,22 +202,41 @@ class LevelModel:
         return found
 
     def _named_table(self, op: str):
-        """op_table from plain {op: [[(tensor, vector)]]} vectors (models built by hand:
-        a term moving bytes is one transfer)."""
-        group_of = self.coarse.group_of
-        scope = tuple(sorted({group_of[t] for entries in self.vectors[op] for t, _ in entries}))
-        terms = [[(scope.index(group_of[t]), v) for t, v in entries]
-                 for entries in self.vectors[op]]
-        # ops whose terms are the same arrays on the same axes of equal domains (one joint
-        # geometry) share the arrays
-        key = (tuple(self.domains[g] for g in scope),
-               tuple(tuple((axis, id(v)) for axis, v in row) for row in terms))
+        """op_table from plain {op: [[(tensor, vector)]]} vectors (models built by hand,
+        and the joint model: a term moving bytes is one transfer)."""
+        scope, terms, key = self._named_terms(op)
         shared = self._shared.get(key)
         if shared is None:
             shared = self._shared[key] = _min_table(
-                [[(axis, v, np.asarray(v) > 0) for axis, v in row] for row in terms],
-                [self.domains[g] for g in scope], None, self.transfer_bytes)
+                terms, [self.domains[g] for g in scope], None, self.transfer_bytes)
         return (scope, *shared)
+
+    def _named_terms(self, op: str) -> tuple[tuple[int, ...], list[list[tuple]], tuple]:
+        """(the op's groups, sorted; per choice its (axis, bytes, transfers) terms; the
+        key its tables are shared by): ops whose terms are the same arrays on the same
+        axes of equal domains (one joint geometry) share them."""
+        group_of = self.coarse.group_of
+        scope = tuple(sorted({group_of[t] for entries in self.vectors[op] for t, _ in entries}))
+        terms = [[(scope.index(group_of[t]), v, np.asarray(v) > 0) for t, v in entries]
+                 for entries in self.vectors[op]]
+        key = (tuple(self.domains[g] for g in scope),
+               tuple(tuple((axis, id(v)) for axis, v, _ in row) for row in terms))
+        return scope, terms, key
+
+    def _named_sums(self, op: str) -> tuple[tuple[int, ...], tuple, np.ndarray, np.ndarray]:
+        """(scope, key, each choice's priced bytes and its transfers summed per axis state:
+        _min_table's S) of a model built from named vectors, shared by key."""
+        found = self._sums.get(op)
+        if found is None:
+            scope, terms, key = self._named_terms(op)
+            sums = self._shared.get(("sums",) + key)
+            if sums is None:
+                sums, moving = _axis_sums(terms, tuple(self.domains[g] for g in scope))
+                if self.transfer_bytes:
+                    sums = sums + self.transfer_bytes * moving
+                sums = self._shared[("sums",) + key] = sums, moving
+            found = self._sums[op] = (scope, key) + sums
+        return found
 
     def transfer_counts(self, op: str) -> list[list[tuple[str, np.ndarray]]]:
         """Per choice [(tensor, transfers per state)] (one per term moving bytes in a
@@ -226,7 +277,10 @@ class LevelModel:
         tables, op_table = self._tables, self.op_table
         epsilon = self._epsilon() if ranked else 0.0
         for op in self.vectors:
-            scope, table, _, transfers = tables.get(op) or op_table(op)
+            if ranked:
+                scope, table, _, transfers = tables.get(op) or op_table(op)
+            else:
+                scope, table = self.min_table(op)
             found = squeezed.get(id(table))
             if found is None:
                 found = squeezed[id(table)] = _squeeze(
@@ -258,12 +312,11 @@ class LevelModel:
     def evaluate(self, assignment) -> tuple[float, dict[str, int]]:
         """Total bytes of a group assignment, and each op's best choice under it."""
         total, chosen = 0.0, {}
-        tables, op_table = self._tables, self.op_table
         for op in self.vectors:
-            scope, table, argmin, _ = tables.get(op) or op_table(op)
+            scope, table = self.min_table(op)
             index = tuple([assignment[g] for g in scope])
             total += table.item(index)
-            chosen[op] = argmin.item(index)
+            chosen[op] = self.best_choice(op, index)
         return total, chosen
 
     def moved(self, op: str, choice: int, assignment) -> list[tuple[str, float]]:
@@ -303,6 +356,62 @@ def _squeeze(table: np.ndarray) -> tuple[tuple[int, ...], np.ndarray]:
     return axes, table.reshape([table.shape[i] for i in axes])
 
 
+def _least(sums: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """The min over rows of `sums` [choices, sum of shape] (each choice's priced bytes
+    per axis state, _axis_sums) spread over `shape`: _min_table's min alone, without work.
+    Over a large table each row is broadcast into a table of `shape` and folded into the
+    running min in place (in cache: a few times faster than _min_table's chunks and
+    argmin); over a small one, in chunks. The same sums in the same order: equal to
+    _min_table's, bit for bit."""
+    cells = math.prod(shape)
+    if len(shape) < 2 or cells < _ROW_CELLS:
+        step = max(1, _CHUNK // cells)
+        return functools.reduce(np.minimum, (_spread(sums[start:start + step], shape).min(0)
+                                             for start in range(0, len(sums), step))
+                                ).reshape(shape)
+    offsets = tuple(itertools.accumulate((0,) + shape))
+    least, table = np.full(shape, np.inf), np.empty(shape)
+    for row in sums:
+        part = row[:offsets[1]]
+        for axis in range(1, len(shape) - 1):
+            part = part[..., None] + row[offsets[axis]:offsets[axis + 1]]
+        np.add(part[..., None], row[offsets[-2]:], out=table)
+        np.minimum(least, table, out=least)
+    return least
+
+
+def _axis_sums(per_choice: list[list[tuple[int, np.ndarray, np.ndarray]]], shape: tuple
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Each choice's (axis, bytes, transfers) terms summed per (choice, axis state):
+    [choices, sum of the axes' sizes] bytes and transfers, one bincount each."""
+    n_choices, width = len(per_choice), sum(shape)
+    offsets = tuple(itertools.accumulate((0,) + shape))[:-1]
+    index, pieces, counts = [], [], []
+    for c, terms in enumerate(per_choice):
+        for axis, vector, count in terms:
+            base = c * width + offsets[axis]
+            index.extend(range(base, base + len(vector)))
+            pieces.append(vector)
+            counts.append(count)
+    if not pieces:
+        return np.zeros((n_choices, width)), np.zeros((n_choices, width), dtype=np.int64)
+    where = np.array(index, dtype=np.intp)
+    sums = np.bincount(where, np.concatenate(pieces), n_choices * width)
+    moving = np.bincount(where, np.concatenate(counts), n_choices * width)
+    return (sums.reshape(n_choices, width),
+            moving.reshape(n_choices, width).astype(np.int64))
+
+
+def _spread(rows: np.ndarray, shape: tuple) -> np.ndarray:
+    """[n, sum of shape] -> [n, cells]: per row, the sum over axes of its states there."""
+    offsets = tuple(itertools.accumulate((0,) + shape))[:-1]
+    total = np.zeros((len(rows),) + (1,) * len(shape), dtype=rows.dtype)
+    for axis, (start, size) in enumerate(zip(offsets, shape)):
+        total = total + rows[:, start:start + size].reshape(
+            (len(rows),) + tuple(size if b == axis else 1 for b in range(len(shape))))
+    return np.broadcast_to(total, (len(rows),) + shape).reshape(len(rows), math.prod(shape))
+
+
 def _min_table(per_choice: list[list[tuple[int, np.ndarray, np.ndarray]]], shape: list[int],
                work: np.ndarray | None = None, transfer_bytes: float = 0.0):
     """Over choices of `work` plus the sum of each choice's (axis, bytes, transfers)
@@ -314,36 +423,12 @@ def _min_table(per_choice: list[list[tuple[int, np.ndarray, np.ndarray]]], shape
     of S on each: a fixed number of array calls per op, however many terms (bytes are
     whole numbers, so the sums are exact; a forbidden state's inf stays inf)."""
     shape = tuple(shape)
-    n_choices, width, cells = len(per_choice), sum(shape), math.prod(shape)
-    offsets = tuple(itertools.accumulate((0,) + shape))[:-1]
-    index, pieces, counts = [], [], []
-    for c, terms in enumerate(per_choice):
-        for axis, vector, count in terms:
-            base = c * width + offsets[axis]
-            index.extend(range(base, base + len(vector)))
-            pieces.append(vector)
-            counts.append(count)
-    if pieces:
-        where = np.array(index, dtype=np.intp)
-        sums = np.bincount(where, np.concatenate(pieces), n_choices * width)
-        sums = sums.reshape(n_choices, width)
-        moving = np.bincount(where, np.concatenate(counts), n_choices * width)
-        moving = moving.reshape(n_choices, width).astype(np.int64)
-    else:
-        sums = np.zeros((n_choices, width))
-        moving = np.zeros((n_choices, width), dtype=np.int64)
+    n_choices, cells = len(per_choice), math.prod(shape)
+    sums, moving = _axis_sums(per_choice, shape)
     if transfer_bytes:
         sums = sums + transfer_bytes * moving
     if work is not None and not work.any():
         work = None
-
-    def spread(rows: np.ndarray) -> np.ndarray:
-        """[n, width] -> [n, cells]: per row, the sum over axes of its states there."""
-        total = np.zeros((len(rows),) + (1,) * len(shape), dtype=rows.dtype)
-        for axis, (start, size) in enumerate(zip(offsets, shape)):
-            total = total + rows[:, start:start + size].reshape(
-                (len(rows),) + tuple(size if b == axis else 1 for b in range(len(shape))))
-        return np.broadcast_to(total, (len(rows),) + shape).reshape(len(rows), cells)
 
     # Chunks of choices keep each [chunk, cells] table within _CHUNK numbers; a later
     # chunk replaces the running argmin only where it is strictly better, so the tie rule
@@ -351,10 +436,10 @@ def _min_table(per_choice: list[list[tuple[int, np.ndarray, np.ndarray]]], shape
     step = max(1, _CHUNK // cells)
     least = argmin = chosen = None
     for start in range(0, n_choices, step):
-        tables = spread(sums[start:start + step])
+        tables = _spread(sums[start:start + step], shape)
         if work is not None:
             tables = tables + work[start:start + step].reshape(-1, 1)
-        transfers = spread(moving[start:start + step])
+        transfers = _spread(moving[start:start + step], shape)
         low = tables.min(axis=0)
         pick = np.where(tables == low, transfers, _MOST).argmin(axis=0)
         fewest = transfers[pick, np.arange(cells)]
@@ -370,6 +455,7 @@ def _min_table(per_choice: list[list[tuple[int, np.ndarray, np.ndarray]]], shape
 
 _MOST = np.iinfo(np.int64).max
 _CHUNK = 2 ** 22                        # numbers in one chunk's table in _min_table
+_ROW_CELLS = 4096                       # _least folds tables of this many cells one by one
 
 
 @dataclass(frozen=True)
