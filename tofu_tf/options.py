@@ -76,13 +76,15 @@ class Options:
     dp_beam: int = 2
     # On a topology of several levels, solve all levels at once (search/joint.py) when
     # that problem has at most this many joint choices (chains of one choice per level,
-    # summed over ops: the tiny reference models have 300 to 9400 at 2x2 and 2x4), and
-    # keep its plan where it moves fewer bytes than the recursion's, which fixes each
-    # level before the next. With shared_reads, also the recursion's plan without them
+    # summed over ops: the tiny reference models have 300 to 9400 at 2x2 and 2x4, the
+    # Transformer 12894 at 2x2x2; stock Keras text models 10000 to 40000 at 6 devices)
+    # and its tables are within joint.MAX_OP_TABLE and MAX_TABLE_WORK, and keep its plan
+    # where it moves fewer bytes than the recursion's, which fixes each level before the
+    # next. With shared_reads, also the recursion's plan without them
     # priced with them (search/recursive.py: the two accounts pick different upper levels).
     # 0: the recursion alone. Not under a memory weight; under Objective.TIME its plan is
     # one more candidate, ranked by predicted transfer time like the others.
-    joint_choices: int = 10_000
+    joint_choices: int = 40_000
     # Where that problem is within joint_choices but the DP's tables would be too large
     # (with shared reads, the views' groups widen them: the LSTM at 2x4), HiGHS solves it
     # if its ILP has at most joint.ILP_VARIABLES columns; its answer counts where HiGHS

@@ -21,11 +21,12 @@ without the levels below.
 Limits: chains multiply the levels' choice counts (tens per op at 2 levels, a hundred or
 more at 3), and a group's leaves the levels' state counts, so the op tables grow with the
 product of their groups' leaves: the tiny reference models take a second or a few at 2
-levels; at 3 the Transformer's about ten, WResNet's minutes (bench/results/search.md).
-Past `max_joint_choices` chains (summed over ops), or an op of more than MAX_OP_TABLE
-chains x table entries, it raises rather than run for hours. Building the chains (the
-walk: each local op costed at every part shape) takes most of the time; where it is large
-it is shared among forked processes, one per core (`_walk_ops`).
+levels; at 3 the Transformer's two, WResNet's sixteen (bench/results/search.md). Past
+`max_joint_choices` chains (summed over ops), an op of more than MAX_OP_TABLE chains x
+table entries, or all ops' tables past MAX_TABLE_WORK, it raises rather than run for
+minutes. Building the chains (the walk: each local op costed at every part shape) takes
+most of the time; where it is large it is shared among forked processes, one per core
+(`_walk_ops`). The DP reads each op's min table alone (LevelModel.min_table).
 """
 
 from __future__ import annotations
@@ -68,9 +69,11 @@ ILP_VARIABLES = 100_000
 # with and without shared reads, is proved at its root node (its LP relaxation is
 # integral), up to 194563 columns in 10 CPU seconds.
 ILP_NODES = 1_000
-# Most chains x table entries of one op: the min over chains (level._min_table) takes
-# about a second per 2^26 (the Transformer's largest at 2x2x2: 179 x 250047).
-MAX_OP_TABLE = 2 ** 26
+# Most chains x table entries of one op (the min over chains, LevelModel.min_table, takes
+# about 0.05 s per 2^26 here: the Transformer's largest at 2x2x2 179 x 250047, WResNet's
+# 448 x 499968), and of all ops' tables, each key's once (WResNet at 2x2x2: 2^31.4).
+MAX_OP_TABLE = 2 ** 30
+MAX_TABLE_WORK = 2 ** 32
 # A walk of at least this many estimated chains (summed over the ops walked, one per
 # geometry) is shared among forked processes, at most MAX_WORKERS of the cores there are
 # (the tiny MLP's at 2x2, 284 and a fifth of a second, gains a third on 2 cores).
@@ -474,6 +477,12 @@ class JointTooLarge(TofuError):
                    **where)
 
     @classmethod
+    def tables(cls, work: int, ways: tuple[int, ...], limit: int) -> "JointTooLarge":
+        return cls(f"the joint DP's op tables have {work} chains x entries in all (at "
+                   f"{'x'.join(map(str, ways))}), more than {limit}; it is meant for tiny "
+                   f"graphs.", fix="use fewer levels or devices, or a smaller model.")
+
+    @classmethod
     def table(cls, chains: int, cells: int, ways: tuple[int, ...], limit: int, **where
               ) -> "JointTooLarge":
         return cls(f"an op's joint table has {cells} entries (the product of its groups' "
@@ -494,17 +503,19 @@ def joint_model(graph: Graph, topology: Topology, *,
                 storage: VariableStorage = VariableStorage.REPLICABLE,
                 cache: SearchCache | None = None,
                 max_op_table: int = MAX_OP_TABLE,
-                method: JointMethod = JointMethod.DP) -> JointModel:
+                method: JointMethod = JointMethod.DP,
+                max_table_work: int = MAX_TABLE_WORK,
+                max_ilp_columns: int | None = None) -> JointModel:
     """Build the joint problem of every level of `topology` (see the module docstring)
     over the plans the recursion searches under `options` and variable `storage`.
-    Raises JointTooLarge past `max_joint_choices`, or an op past `max_op_table` chains x
-    table entries (its table takes about a second per 2^26 and a chunk of memory; WResNet
-    at 2x2x2 needs 2^28: two minutes, 1.4 GB), and for `method` DP JointTooWide where the
-    DP's elimination would be past dp.MAX_TABLE."""
+    Raises JointTooLarge past `max_joint_choices`, or tables past their bounds
+    (`joint_below`), and for `method` DP JointTooWide where the DP's elimination would be
+    past dp.MAX_TABLE."""
     entries = entries if entries is not None else catalog(graph, strict=True)
     coarse = coarse if coarse is not None else coarsen(graph, entries)
     root = next(level_models(graph, topology, entries, coarse, options, storage, cache))
-    return joint_below(root, topology.ways, max_joint_choices, max_op_table, method)
+    return joint_below(root, topology.ways, max_joint_choices, max_op_table, method,
+                       max_table_work, max_ilp_columns)
 
 
 def least_joint_choices(graph: Graph, entries: Mapping[str, OpEntry],
@@ -528,11 +539,16 @@ def _deeper_choices(strategies, ways: tuple[int, ...]) -> int:
 def joint_below(root: LevelModel, ways: tuple[int, ...],
                 max_joint_choices: int = MAX_JOINT_CHOICES,
                 max_op_table: int = MAX_OP_TABLE,
-                method: JointMethod = JointMethod.DP) -> JointModel:
+                method: JointMethod = JointMethod.DP,
+                max_table_work: int = MAX_TABLE_WORK,
+                max_ilp_columns: int | None = None) -> JointModel:
     """The joint problem of the levels `ways` from the level of `root` down (its cut is
     ways[0]; the recursion's model of any level, whose levels above are fixed): c_1 + k_1
-    c_2 + ... counted from that level. Raises JointTooLarge past `max_joint_choices`, and
-    for `method` DP JointTooWide past the DP's table bound."""
+    c_2 + ... counted from that level. Raises JointTooLarge past `max_joint_choices`, an
+    op past `max_op_table` chains x table entries, and for `method` DP all ops' tables
+    past `max_table_work` (by estimate before the walk, exactly after) and JointTooWide
+    past the DP's table bound; for ILP, an ILP whose estimated columns are past twice
+    `max_ilp_columns`."""
     base, coarse = root.problem, root.coarse                           # with the views
     walk = _Walk(base, coarse, ways, max_joint_choices, root.flop_bytes,
                  root.transfer_bytes / math.prod(ways[1:]))
@@ -560,6 +576,16 @@ def joint_below(root: LevelModel, ways: tuple[int, ...],
         if about[op.name] * cells[op.name] > max_op_table:
             raise JointTooLarge.table(about[op.name], cells[op.name], ways, max_op_table,
                                       node=op.name, op_type=op.sem.op_type)
+    if method is JointMethod.ILP and max_ilp_columns is not None:
+        # MARGINAL's z columns: per chain, one per leaf of each of its groups (less its
+        # infinite ones); past twice the bound by this estimate, no walk
+        columns = sum(about[op.name] * sum(trees[g].size for g in scopes[op.name])
+                      for op in base.ops)
+        if columns > 2 * max_ilp_columns:
+            raise JointTooLarge(f"the joint ILP would have about {columns} columns, more "
+                                f"than {max_ilp_columns} (at {'x'.join(map(str, ways))}); "
+                                f"it is meant for tiny graphs.",
+                                fix="use fewer levels or devices, or a smaller model.")
     # The DP's elimination reads only the scopes and leaf counts: a problem it could not
     # solve exactly is told before the walk too.
     domains = [tree.size for tree in trees]
@@ -580,10 +606,17 @@ def joint_below(root: LevelModel, ways: tuple[int, ...],
             geo, tuple(scope.index(coarse.group_of[t]) for t in op.inputs + op.outputs),
             tuple(id(trees[g]) for g in scope))
         walked.setdefault(key_of[op.name], op)
+    # each key's op table is made once: all of them by this estimate within the bound
+    work = sum(about[op.name] * cells[op.name] for op in walked.values())
+    if work > max_table_work and method is JointMethod.DP:
+        raise JointTooLarge.tables(work, ways, max_table_work)
     repeats = collections.Counter(key_of.values())
     chains = dict(zip(walked, _walk_ops(walk, root, list(walked.values()), scopes, trees,
                                         [repeats[key] for key in walked],
                                         [about[op.name] for op in walked.values()])))
+    work = sum(len(chains[key]) * cells[op.name] for key, op in walked.items())
+    if work > max_table_work and method is JointMethod.DP:
+        raise JointTooLarge.tables(work, ways, max_table_work)
     vectors, keys = {}, {}
     for op in base.ops:
         choices, scope = chains[key_of[op.name]], scopes[op.name]
@@ -663,7 +696,7 @@ def optimum(build: Callable[..., JointModel], ilp_seconds: float = 0.0
     except JointTooWide:             # told before the walk: build the ILP's model
         if ilp_seconds <= 0:
             raise
-        model = build(method=JointMethod.ILP)
+        model = build(method=JointMethod.ILP, max_ilp_columns=ILP_VARIABLES)
     else:
         try:
             return model, model.solve()
