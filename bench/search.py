@@ -216,11 +216,6 @@ def loaded(repeats: int) -> dict:
 
 # -- recursive plan against the joint optimum ----------------------------------------------
 
-# The gap table's bound on an op's joint table: WResNet at 2x2x2 needs 2^28 (two minutes
-# and 1.4 GB for its joint optimum), past the search's own bound.
-GAP_OP_TABLE = 2 ** 29
-
-
 def gap() -> dict:
     """Per tiny model and multi-level topology: the recursion alone (each level fixed
     before the next), the search's plan (all levels at once where the joint problem fits
@@ -251,8 +246,7 @@ def gap() -> dict:
                 row.update(lookahead_bytes=ahead.total_bytes,
                            lookahead_seconds=time.perf_counter() - start)
             try:
-                joint = joint_model(graph, topology, options=options,
-                                    max_op_table=GAP_OP_TABLE)
+                joint = joint_model(graph, topology, options=options)
             except Exception as err:          # joint domains past their bound: say so
                 row["error"] = str(err)
                 continue

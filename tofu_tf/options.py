@@ -80,8 +80,8 @@ class Options:
     # Transformer 12894 at 2x2x2; stock Keras text models 10000 to 40000 at 6 devices)
     # and its tables are within joint.MAX_OP_TABLE and MAX_TABLE_WORK, and keep its plan
     # where it moves fewer bytes than the recursion's, which fixes each level before the
-    # next. With shared_reads, also the recursion's plan without them
-    # priced with them (search/recursive.py: the two accounts pick different upper levels).
+    # next. With shared_reads, also the recursion's plan without them priced with them
+    # (search/recursive.py: the two accounts pick different upper levels).
     # 0: the recursion alone. Not under a memory weight; under Objective.TIME its plan is
     # one more candidate, ranked by predicted transfer time like the others.
     joint_choices: int = 40_000
