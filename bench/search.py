@@ -414,10 +414,15 @@ def table(stored: dict) -> str:
         per_count = ", ".join(f"{d}: {statistics.median(r):.2f} ({max(r):.2f})"
                               for d, r in sorted(ratios.items()))
         fewer = sum(r["search_bytes"] < r["recursion_bytes"] for r in others.values())
+        gains = [r["search_bytes"] / r["recursion_bytes"] for r in joint.values()
+                 if r["search_bytes"] < r["recursion_bytes"]]
         lines.append(f"\nStock Keras models (tofu_tf.models.keras_models, batch 8) at 4, 6, 8 "
                      f"devices (`Topology.default`): {len(rows)} searches; the rows are the "
                      f"{len(joint)} whose plan is the joint optimum of all levels (the joint "
-                     f"problem fits `Options.joint_choices`). On the other {len(others)} the "
+                     f"problem fits `Options.joint_choices`), {len(gains)} of them moving "
+                     f"fewer bytes than the recursion"
+                     + (f" ({min(gains):.3f}-{max(gains):.3f}x)" if gains else "")
+                     + f". On the other {len(others)} the "
                      f"plan is the recursion's ({fewer} move fewer bytes); search time / "
                      f"recursion alone per device count, median (largest): {per_count} "
                      f"(one run each).")
