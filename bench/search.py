@@ -59,8 +59,8 @@ from typing import Callable
 from absl import app, flags
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import (commit_label, configurations, load, load_imported, machine,  # noqa: E402
-                    read_results, write_results)
+from common import (commit_label, configurations, cpu, load, load_imported,  # noqa: E402
+                    machine, read_results, write_results)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("sections", "configs,end_to_end,backends,loaded,gap,accounts",
@@ -603,7 +603,7 @@ def configs(stored: dict) -> dict:
         for devices in (int(d) for d in FLAGS.devices.split(",")):
             row = run_one(imported, devices, FLAGS.repeats, FLAGS.baselines)
             row.update(config=name, build_import_seconds=build_seconds,
-                       code=commit_label())
+                       code=commit_label(), cpu=cpu())     # rows of one table, many runs
             old = stored["results"].get(f"{name}@{devices}")
             if old is not None:                # the row it replaces, for before/after
                 row["before"] = {k: old[k] for k in ("plan_bytes", "search_seconds", "code",
