@@ -18,11 +18,10 @@ from tofu_tf.importer.graphdef_io import import_graph_def
 from tofu_tf.models import build
 from tofu_tf.op_semantics.catalog import catalog
 from tofu_tf.options import Options
-from tofu_tf.search import ilp, joint, recursive
+from tofu_tf.search import ilp, joint, level, recursive
 from tofu_tf.search.exact import JointMethod, joint_optimum, lookahead_search
 from tofu_tf.search.joint import (JointTooLarge, JointTooWide, joint_model,
                                   least_joint_choices)
-from tofu_tf.search import level
 from tofu_tf.search.level import LevelModel, level_models, solve_level
 from tofu_tf.search.problem import cost_vectors, entry_vectors
 from tofu_tf.search.recursive import NoLookahead, search

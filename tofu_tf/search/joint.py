@@ -545,10 +545,10 @@ def joint_below(root: LevelModel, ways: tuple[int, ...],
     """The joint problem of the levels `ways` from the level of `root` down (its cut is
     ways[0]; the recursion's model of any level, whose levels above are fixed): c_1 + k_1
     c_2 + ... counted from that level. Raises JointTooLarge past `max_joint_choices`, an
-    op past `max_op_table` chains x table entries, and for `method` DP all ops' tables
-    past `max_table_work` (by estimate before the walk, exactly after) and JointTooWide
-    past the DP's table bound; for ILP, an ILP whose estimated columns are past twice
-    `max_ilp_columns`."""
+    op past `max_op_table` chains x table entries, for a `method` with the DP all ops'
+    tables past `max_table_work` (by estimate before the walk, exactly after), for DP
+    JointTooWide past the DP's table bound, and for ILP an ILP whose estimated columns
+    are past twice `max_ilp_columns`."""
     base, coarse = root.problem, root.coarse                           # with the views
     walk = _Walk(base, coarse, ways, max_joint_choices, root.flop_bytes,
                  root.transfer_bytes / math.prod(ways[1:]))
@@ -608,14 +608,14 @@ def joint_below(root: LevelModel, ways: tuple[int, ...],
         walked.setdefault(key_of[op.name], op)
     # each key's op table is made once: all of them by this estimate within the bound
     work = sum(about[op.name] * cells[op.name] for op in walked.values())
-    if work > max_table_work and method is JointMethod.DP:
+    if work > max_table_work and method is not JointMethod.ILP:
         raise JointTooLarge.tables(work, ways, max_table_work)
     repeats = collections.Counter(key_of.values())
     chains = dict(zip(walked, _walk_ops(walk, root, list(walked.values()), scopes, trees,
                                         [repeats[key] for key in walked],
                                         [about[op.name] for op in walked.values()])))
     work = sum(len(chains[key]) * cells[op.name] for key, op in walked.items())
-    if work > max_table_work and method is JointMethod.DP:
+    if work > max_table_work and method is not JointMethod.ILP:
         raise JointTooLarge.tables(work, ways, max_table_work)
     vectors, keys = {}, {}
     for op in base.ops:
