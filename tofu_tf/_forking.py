@@ -4,8 +4,8 @@ The search uses it to solve two independent problems on two cores: the child sta
 copy of the caller (the catalog and coarse graph already built, nothing to send), runs
 planner code only (never TensorFlow: a fork copies none of its threads, so a TensorFlow
 op would wait for them forever; so the child computes overlaps with NumPy, the C++ cost
-op's same answers) and sends its value back pickled. Where the platform cannot fork, `available()` is False and callers run
-the function themselves.
+op's same answers) and sends its value back pickled. Where the platform cannot fork,
+`available()` is False and callers run the function themselves.
 """
 
 from __future__ import annotations

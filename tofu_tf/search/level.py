@@ -108,7 +108,7 @@ class LevelModel:
         named vectors (the joint model: hundreds of chains over up to a few hundred
         thousand cells) the min alone, a few times faster than with its argmin and
         transfers over every cell; `best_choice` finds those at the cell it is asked."""
-        if isinstance(self.vectors, OpVectors) or op in self._tables:
+        if self._full_tables(op):
             return self.op_table(op)[:2]
         found = self._mins.get(op)
         if found is None:
@@ -123,7 +123,7 @@ class LevelModel:
     def best_choice(self, op: str, index: tuple[int, ...]) -> int:
         """The op's choice at the cell `index` of its scope, as op_table's argmin: least
         cost (summed as _min_table sums it), then fewest transfers, then the first."""
-        if isinstance(self.vectors, OpVectors) or op in self._tables:
+        if self._full_tables(op):
             return int(self.op_table(op)[2].item(index))
         scope, _, sums, moving = self._named_sums(op)
         columns = np.cumsum((0,) + tuple(self.domains[g] for g in scope))[:-1] + index
@@ -131,6 +131,11 @@ class LevelModel:
         for column in columns:
             cost = cost + sums[:, column]
         return int(np.lexsort((moving[:, columns].sum(axis=1), cost))[0])
+
+    def _full_tables(self, op: str) -> bool:
+        """Whether min_table and best_choice read op_table: always for a level's own
+        model (its DP ranks by the transfers anyway), and where it was already made."""
+        return isinstance(self.vectors, OpVectors) or op in self._tables
 
     def op_table(self, op: str) -> tuple[tuple[int, ...], np.ndarray, np.ndarray, np.ndarray]:
         """(scope, table = min over choices, argmin choice, transfers of that choice) over
