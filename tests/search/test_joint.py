@@ -23,7 +23,8 @@ from tofu_tf.search.exact import JointMethod, joint_optimum, lookahead_search
 from tofu_tf.search.joint import (JointTooLarge, JointTooWide, joint_model,
                                   least_joint_choices)
 from tofu_tf.search.level import LevelModel, level_models, solve_level
-from tofu_tf.search.problem import cost_vectors, entry_vectors
+from tofu_tf.search import problem as problem_module
+from tofu_tf.search.problem import entry_vectors
 from tofu_tf.search.recursive import NoLookahead, search
 from tofu_tf.search.topology import Topology
 from tofu_tf.tools.fuzz import HypothesisChooser, random_step
@@ -330,29 +331,47 @@ def test_a_walking_processs_error_reaches_the_caller(monkeypatch):
         joint_model(graph, Topology.parse("2x2"), entries=entries)
 
 
+def _each_entry_alone(problem, op, choice) -> list[tuple[np.ndarray, np.ndarray]]:
+    """A choice's (bytes, transfers) per entry, each entry through `_finish` on its own
+    boxes: nothing remembered, nothing keyed."""
+    rank = max([len(t.shape) for t in problem.tensors.values()] + [1])
+    batch = problem_module._Batch(rank, problem.k)
+    staged = [problem_module._stage(entry, batch)
+              for entry in problem_module._entries(problem, op, choice)]
+    volumes, pairs = batch.run()
+    return [problem_module._finish(problem, entry, volumes, pairs, rank, {})
+            for entry in staged]
+
+
 @pytest.mark.parametrize("name", ["wresnet", "transformer"])
 @pytest.mark.parametrize("shared_reads", [False, True])
-def test_entry_vectors_are_cost_vectors_each_distinct_entry_once(name, shared_reads):
-    """The walk's costing (problem.entry_vectors, remembering entries across calls) gives
-    every op's vectors as cost_vectors does, at an uneven cut and the level below it
-    (halos, partial results reduced above, views)."""
+def test_cost_and_entry_vectors_are_each_entry_alone_each_distinct_entry_once(
+        name, shared_reads):
+    """The level's costing (cost_vectors, each distinct entry once across the search's
+    levels) and the walk's (entry_vectors, its own memo) give every op's vectors as each
+    entry costed alone does, at an uneven cut and the level below it (halos, partial
+    results reduced above, views)."""
     graph, entries = graph_of(name)
     models = level_models(graph, Topology.parse("3x2"), entries,
                           options=Options(shared_reads=shared_reads))
     first = next(models)
     memo, made = {}, 0
     for model in (first, models.send(solve_level(first))):
-        problem, vectors = model.problem, cost_vectors(model.problem)
+        problem, vectors = model.problem, model.vectors
         for op in problem.ops:
             choices = problem.choices[op.name]
             found = entry_vectors(problem, op, choices, memo)
             made += sum(map(len, found))
-            for row, named, counts in zip(found, vectors[op.name],
-                                          vectors.transfers(op.name)):
-                assert len(row) == len(named)
-                for (moved, transfers), (_, v), (_, n) in zip(row, named, counts):
-                    assert np.array_equal(moved, v) and np.array_equal(transfers, n)
+            for choice, row, named, counts in zip(choices, found, vectors[op.name],
+                                                  vectors.transfers(op.name)):
+                alone = _each_entry_alone(problem, op, choice)
+                assert len(row) == len(named) == len(alone)
+                for (moved, transfers), (_, v), (_, n), (a, b) in zip(row, named, counts,
+                                                                       alone):
+                    assert np.array_equal(moved, a) and np.array_equal(transfers, b)
+                    assert np.array_equal(v, a) and np.array_equal(n, b)
     assert len(memo) < made / 2
+    assert len(first.problem.cache.entries) < made / 2
 
 
 @pytest.mark.parametrize("name,topology,transfer_bytes,folds", [

@@ -292,8 +292,13 @@ def search_within_budget(graph: Graph, topology: Topology, options: Options) -> 
     """Least bytes moved among plans that fit the budget: the plain optimum if it fits,
     else searches that also weigh the bytes each device stores, the weight bisected (in
     log scale) down to the smallest that still fits."""
+    with SearchCache() as cache:
+        return _within_budget(graph, topology, options, cache)
+
+
+def _within_budget(graph: Graph, topology: Topology, options: Options,
+                   cache: SearchCache) -> SearchResult:
     budget = options.memory_budget_bytes
-    cache = SearchCache()
     deadline = deadline_of(options)
     tried: list[SearchResult] = []
 
@@ -451,7 +456,13 @@ STEP_WEIGHTS = (0.0, 2.0 ** -6, 2.0 ** -2, 1.0, 4.0)
 def _fastest_step(graph: Graph, topology: Topology, options: Options) -> SearchResult:
     """The plan predicted fastest on `options.step_profile` among the searches at
     STEP_WEIGHTS that fit the budget (none fitting: the budgeted search's answer)."""
-    cache, deadline = SearchCache(), deadline_of(options)
+    with SearchCache() as cache:
+        return _fastest_with(graph, topology, options, cache)
+
+
+def _fastest_with(graph: Graph, topology: Topology, options: Options,
+                  cache: SearchCache) -> SearchResult:
+    deadline = deadline_of(options)
     budget = options.memory_budget_bytes
     timed = []
     for weight in STEP_WEIGHTS:
