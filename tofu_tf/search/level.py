@@ -262,34 +262,28 @@ class LevelModel:
     def _epsilon(self) -> float:
         """The weight of one transfer in ranked factors (module docstring)."""
         tables, op_table = self._tables, self.op_table
-        most, seen = 0, {}                     # id(transfers) -> its max: shared tables
-        for op in self.vectors:
-            transfers = (tables.get(op) or op_table(op))[3]
-            found = seen.get(id(transfers))
-            if found is None:
-                found = seen[id(transfers)] = int(transfers.max())
-            most += found
-        return 1.0 / (2 * (1 + most))
+        return _epsilon_of([(tables.get(op) or op_table(op))[3] for op in self.vectors])
 
     def factors(self, ranked: bool = False) -> tuple[list[dp.Factor], float]:
         """The DP's factors over groups with a choice — ops with one scope summed into one
         factor — and `constant`: the bytes of ops whose groups all have one state (the
         same in every assignment). `ranked`: each table plus epsilon x its transfers, so
         that byte ties go to fewer transfers (module docstring)."""
+        tables, op_table = self._tables, self.op_table
+        if ranked:
+            rows = [(tables.get(op) or op_table(op)) for op in self.vectors]
+            epsilon = _epsilon_of([row[3] for row in rows])
+        else:
+            rows, epsilon = [self.min_table(op) for op in self.vectors], 0.0
         merged: dict[tuple[int, ...], np.ndarray] = {}
         constant = 0.0
         squeezed: dict[int, tuple] = {}          # id(table) -> (free axes, table on them)
-        tables, op_table = self._tables, self.op_table
-        epsilon = self._epsilon() if ranked else 0.0
-        for op in self.vectors:
-            if ranked:
-                scope, table, _, transfers = tables.get(op) or op_table(op)
-            else:
-                scope, table = self.min_table(op)
+        for row in rows:
+            scope, table = row[0], row[1]
             found = squeezed.get(id(table))
             if found is None:
                 found = squeezed[id(table)] = _squeeze(
-                    table + epsilon * transfers if ranked else table)
+                    table + epsilon * row[3] if ranked else table)
             axes, free_table = found
             if not axes:
                 constant += free_table.item()
@@ -317,11 +311,17 @@ class LevelModel:
     def evaluate(self, assignment) -> tuple[float, dict[str, int]]:
         """Total bytes of a group assignment, and each op's best choice under it."""
         total, chosen = 0.0, {}
+        tables, op_table, full = self._tables, self.op_table, self._full_tables
         for op in self.vectors:
-            scope, table = self.min_table(op)
-            index = tuple([assignment[g] for g in scope])
+            if full(op):                     # op_table's min and argmin
+                scope, table, argmin, _ = tables.get(op) or op_table(op)
+                index = tuple([assignment[g] for g in scope])
+                chosen[op] = argmin.item(index)
+            else:
+                scope, table = self.min_table(op)
+                index = tuple([assignment[g] for g in scope])
+                chosen[op] = self.best_choice(op, index)
             total += table.item(index)
-            chosen[op] = self.best_choice(op, index)
         return total, chosen
 
     def moved(self, op: str, choice: int, assignment) -> list[tuple[str, float]]:
@@ -353,6 +353,18 @@ def choice_work(k: int, op: ProblemOp, choices: list[Choice], flop_bytes: float
     repeated = round((k - 1) * op_flops(op.sem) * flop_bytes)
     return np.array([repeated if c.label == REPLICATE else 0 for c in choices],
                     dtype=np.float64)
+
+
+def _epsilon_of(transfers: list[np.ndarray]) -> float:
+    """1 / (2 (1 + the most transfers all these tables can add up to)): tables shared
+    by several ops counted once per op, their max taken once."""
+    most, seen = 0, {}                     # id(table) -> its max
+    for table in transfers:
+        found = seen.get(id(table))
+        if found is None:
+            found = seen[id(table)] = int(table.max())
+        most += found
+    return 1.0 / (2 * (1 + most))
 
 
 def _squeeze(table: np.ndarray) -> tuple[tuple[int, ...], np.ndarray]:

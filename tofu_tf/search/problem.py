@@ -892,7 +892,7 @@ def _describe_local(problem: Problem, op: ProblemOp, label: str, tensors, memo,
     """(semantics, strategies, input shifts, signature) of part 0's local op (no
     strategies unless `detail` is ANALYSE; SHAPES: a shapes-only semantics)."""
     strategy = next((c.strategy for c in problem.choices[op.name] if c.label == label), None)
-    local = opaque_local(op.sem) if op.sem.is_opaque else localize(op.sem, strategy, problem.k, 0)
+    local = _parts(problem, op, strategy)[0]          # made for the choice (make_choice)
     in_shapes = [local.local_input_shape(i) or shape
                  for i, shape in enumerate(op.sem.input_shapes)]
     out_shapes = [tuple(b - a for a, b in (crop or share)) for share, crop in
