@@ -49,6 +49,7 @@ import dataclasses
 import importlib
 import itertools
 import json
+import math
 import os
 import statistics
 import sys
@@ -72,6 +73,8 @@ flags.DEFINE_string("devices", "2,4,6,8", "comma-separated device counts")
 flags.DEFINE_integer("repeats", 3, "search repetitions (the median is reported)")
 flags.DEFINE_bool("baselines", True, "also evaluate the baselines")
 flags.DEFINE_bool("fresh", False, "start from empty results instead of merging")
+flags.DEFINE_bool("account_detail", False, "accounts: also print, per level, each tensor "
+                  "whose search bytes differ from the ledger's, with the ops that move it")
 flags.DEFINE_float("flop_bytes", 0.0, "configs and gap: Options.flop_bytes of the plans "
                    "compared (default 0: bytes alone, the baselines' measure; end_to_end "
                    "and loaded time the default search, repeated work priced)")
@@ -299,6 +302,8 @@ def accounts(shapes=("2", "4", "8", "2x4", "2x2x2")) -> dict:
             excess = sum(searched[t] - ledger[t] for t, ops in readers.items()
                          if len(ops) > 1 and searched[t] > ledger[t])
             ways = tuple(level.ways for level in plan.levels)
+            if FLAGS.account_detail:
+                _account_detail(plan, optimized.ledger, ways)
             out[f"{model}@{shape}" + (" shared reads" if shared else "")] = {
                 "search_bytes": [level.total_bytes for level in plan.levels],
                 "ledger_bytes": list(optimized.ledger.step_bytes_per_level(ways)),
@@ -307,6 +312,33 @@ def accounts(shapes=("2", "4", "8", "2x4", "2x2x2")) -> dict:
                   f"{plan.total_bytes:.0f} B, ledger {optimized.ledger.step_bytes} B",
                   flush=True)
     return out
+
+
+def _account_detail(plan, ledger, ways: tuple[int, ...]) -> None:
+    """Per level, each tensor the search prices at other bytes than the ledger moves (a
+    transfer counts at the outermost level its two devices differ at), and which ops
+    move it in each account."""
+    from collections import defaultdict
+
+    from tofu_tf.rewrite.ledger import STEP_KINDS, coordinates
+    coords = [coordinates(d, ways) for d in range(math.prod(ways))]
+    searched, moved = defaultdict(list), defaultdict(list)
+    for index, level in enumerate(plan.levels):
+        for transfer in level.transfers:
+            searched[index, transfer.tensor].append((transfer.op,
+                                                     level.groups * transfer.bytes))
+    for t in ledger.transfers:
+        if t.kind in STEP_KINDS:
+            index = next(i for i, (a, b) in enumerate(zip(coords[t.src], coords[t.dst]))
+                         if a != b)
+            moved[index, t.tensor].append((t.kind, t.op, t.src, t.dst, t.bytes))
+    for key in sorted(set(searched) | set(moved)):
+        search_bytes = sum(b for _, b in searched[key])
+        ledger_bytes = sum(t[-1] for t in moved[key])
+        if search_bytes != ledger_bytes:
+            print(f"  level {key[0] + 1} {key[1]}: search {search_bytes:.0f} B "
+                  f"{searched[key]}, ledger {ledger_bytes} B (kind, op, src, dst, bytes) "
+                  f"{moved[key]}", flush=True)
 
 
 def views(repeats: int) -> dict:
