@@ -49,7 +49,6 @@ import dataclasses
 import importlib
 import itertools
 import json
-import math
 import os
 import statistics
 import sys
@@ -319,19 +318,13 @@ def _account_detail(plan, ledger, ways: tuple[int, ...]) -> None:
     transfer counts at the outermost level its two devices differ at), and which ops
     move it in each account."""
     from collections import defaultdict
-
-    from tofu_tf.rewrite.ledger import STEP_KINDS, coordinates
-    coords = [coordinates(d, ways) for d in range(math.prod(ways))]
     searched, moved = defaultdict(list), defaultdict(list)
     for index, level in enumerate(plan.levels):
         for transfer in level.transfers:
             searched[index, transfer.tensor].append((transfer.op,
                                                      level.groups * transfer.bytes))
-    for t in ledger.transfers:
-        if t.kind in STEP_KINDS:
-            index = next(i for i, (a, b) in enumerate(zip(coords[t.src], coords[t.dst]))
-                         if a != b)
-            moved[index, t.tensor].append((t.kind, t.op, t.src, t.dst, t.bytes))
+    for index, t in ledger.step_transfers_by_level(ways):
+        moved[index, t.tensor].append((t.kind, t.op, t.src, t.dst, t.bytes))
     for key in sorted(set(searched) | set(moved)):
         search_bytes = sum(b for _, b in searched[key])
         ledger_bytes = sum(t[-1] for t in moved[key])

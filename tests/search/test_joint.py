@@ -19,11 +19,11 @@ from tofu_tf.models import build
 from tofu_tf.op_semantics.catalog import catalog
 from tofu_tf.options import Options
 from tofu_tf.search import ilp, joint, level, recursive
+from tofu_tf.search import problem as problem_module
 from tofu_tf.search.exact import JointMethod, joint_optimum, lookahead_search
 from tofu_tf.search.joint import (JointTooLarge, JointTooWide, joint_model,
                                   least_joint_choices)
 from tofu_tf.search.level import LevelModel, level_models, solve_level
-from tofu_tf.search import problem as problem_module
 from tofu_tf.search.problem import entry_vectors
 from tofu_tf.search.recursive import NoLookahead, search
 from tofu_tf.search.topology import Topology

@@ -67,15 +67,19 @@ class Ledger:
         return self.total(STEP_KINDS)
 
     def step_bytes_per_level(self, ways: tuple[int, ...]) -> tuple[int, ...]:
-        """Step bytes per topology level: each transfer counts at the outermost level at
+        """Step bytes per topology level (`step_transfers_by_level`)."""
+        per_level = [0] * len(ways)
+        for level, t in self.step_transfers_by_level(ways):
+            per_level[level] += t.bytes
+        return tuple(per_level)
+
+    def step_transfers_by_level(self, ways: tuple[int, ...]) -> list[tuple[int, Transfer]]:
+        """(level, transfer) per step transfer: each counts at the outermost level at
         which its two devices differ (the link it crosses)."""
         coords = [coordinates(d, ways) for d in range(math.prod(ways))]
-        per_level = [0] * len(ways)
-        for t in self.transfers:
-            if t.kind in STEP_KINDS:
-                pairs = zip(coords[t.src], coords[t.dst])
-                per_level[next(i for i, (x, y) in enumerate(pairs) if x != y)] += t.bytes
-        return tuple(per_level)
+        return [(next(i for i, (x, y) in enumerate(zip(coords[t.src], coords[t.dst]))
+                      if x != y), t)
+                for t in self.transfers if t.kind in STEP_KINDS]
 
     def by_kind(self) -> dict[str, int]:
         out: dict[str, int] = defaultdict(int)

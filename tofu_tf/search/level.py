@@ -315,12 +315,11 @@ class LevelModel:
         for op in self.vectors:
             if full(op):                     # op_table's min and argmin
                 scope, table, argmin, _ = tables.get(op) or op_table(op)
-                index = tuple([assignment[g] for g in scope])
-                chosen[op] = argmin.item(index)
             else:
-                scope, table = self.min_table(op)
-                index = tuple([assignment[g] for g in scope])
-                chosen[op] = self.best_choice(op, index)
+                (scope, table), argmin = self.min_table(op), None
+            index = tuple([assignment[g] for g in scope])
+            chosen[op] = argmin.item(index) if argmin is not None else \
+                self.best_choice(op, index)
             total += table.item(index)
         return total, chosen
 

@@ -153,8 +153,9 @@ def search(graph: Graph, topology: Topology, *, solver=None,
     next, and which policy makes the inner levels cheaper depends on the model. `cache`:
     work to share with other searches of the same graph. `deadline` (perf_counter
     seconds; default: now + options.search_time_limit_s) is checked at every level."""
-    owned = SearchCache() if cache is None else contextlib.nullcontext(cache)
-    with paused_gc(), owned as cache:
+    # a cache made here is ended here (SearchCache.__exit__); a caller's, by the caller
+    context = SearchCache() if cache is None else contextlib.nullcontext(cache)
+    with paused_gc(), context as cache:
         return _search(graph, topology, solver, entries, options, memory_weight, cache,
                        deadline if deadline is not None else deadline_of(options))
 
