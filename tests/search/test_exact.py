@@ -182,6 +182,34 @@ def test_product_linearisation_agrees(name):
     assert math.isclose(found.cost, solve_level(model).cost, rel_tol=1e-9)
 
 
+def _frustrated_triangle() -> LevelModel:
+    """Three groups of two states and three ops, one per pair of groups, each costing 1
+    where its two groups take the same state (choice c prefers state c in the first group
+    and the other state in the second). Some pair must agree: the optimum is 1; the
+    marginal LP relaxation costs 0 (every x, y and z one half)."""
+    domains = [2, 2, 2]
+    members = tuple((f"t{g}",) for g in range(3))
+    group_of = {f"t{g}": g for g in range(3)}
+    prefer = [np.array([0.0, 1.0]), np.array([1.0, 0.0])]
+    vectors = {f"op{a}{b}": [[(f"t{a}", prefer[c]), (f"t{b}", prefer[1 - c])]
+                             for c in range(2)]
+               for a, b in ((0, 1), (1, 2), (0, 2))}
+    coarse = CoarseGraph(group_of, members, (0.0, 1.0, 2.0), {})
+    return LevelModel(None, coarse, vectors, domains)
+
+
+def test_the_lp_bound_proves_an_integral_relaxation_and_the_mip_the_rest():
+    """Where the marginal LP's optimum is integral, its states are the optimum (their
+    cost meets the LP's bound); where it is fractional, HiGHS's MIP finds the optimum."""
+    found = ilp_minimum(first_cut("wresnet"))
+    assert found.optimal and found.relaxed
+    assert math.isclose(found.cost, solve_level(first_cut("wresnet")).cost, rel_tol=1e-9)
+    triangle = _frustrated_triangle()
+    assert brute_force(triangle) == 1.0
+    found = ilp_minimum(triangle)
+    assert found.optimal and not found.relaxed and found.cost == 1.0
+
+
 def test_ilp_search_solves_every_level_exactly():
     graph, entries = graph_of("mlp", "adam")
     by_ilp = ilp_search(graph, Topology.default(4))

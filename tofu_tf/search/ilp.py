@@ -15,7 +15,16 @@ With x binary both force z = y x at the stored states (costs are >= 0), so an op
 the y-mix of its choices' costs, least at a vertex: y needs no integrality. MARGINAL's LP
 relaxation is far tighter (50x faster on a tiny Wide ResNet cut). Ops touching no
 group cost 0. HiGHS (`scipy.optimize.milp`, relative gap 0) solves it; a result counts
-only if HiGHS proves optimality.
+only if it is proved optimal.
+
+MARGINAL's relaxation is often integral (every joint problem of the tiny reference
+models): so its LP is solved first, and where the states it picks (each group's largest
+x) cost exactly what the LP bounds every assignment by, within HiGHS's own MIP gap
+(PROOF_GAP), they are the optimum, without the MIP's setup and search (about half of its
+time: the Transformer's joint problem at 2x2x2, 800k columns, 8.4 s against 17.6 s; the
+search's joint ILP of the tiny LSTM at 2x4 with views 1.0 s against 1.9-2.4 s). Else the
+MIP solves it in the time left, its own root LP again (the tiny WResNet's joint problem at
+2x4, whose relaxation leaves two groups at one half: 7.6 s against 5.0 s).
 """
 
 from __future__ import annotations
@@ -33,6 +42,9 @@ from tofu_tf.errors import PlanInfeasibleError
 from tofu_tf.search.level import LevelModel
 
 DEFAULT_TIME_LIMIT = 60.0            # seconds HiGHS may take per problem
+# An assignment whose exact cost exceeds the LP relaxation's bound by at most this is
+# optimal: the absolute gap at which HiGHS's MIP stops too (mip_abs_gap's default).
+PROOF_GAP = 1e-6
 
 
 @dataclass(frozen=True)
@@ -40,10 +52,11 @@ class IlpSolution:
     """What HiGHS found for one model."""
     assignment: tuple[int, ...]     # state index per group
     cost: float                     # the model's objective at `assignment` (exact)
-    optimal: bool                   # HiGHS proved optimality
+    optimal: bool                   # proved optimal (LP bound met, or HiGHS's MIP)
     seconds: float
     variables: int                  # x + y + z columns
     constraints: int
+    relaxed: bool = False           # proved by the LP relaxation alone (no MIP)
 
 
 class Linearisation(enum.Enum):
@@ -83,11 +96,15 @@ class _Program:
         self.upper_rhs.append(np.full(count, upper, dtype=np.float64))
         self.num_rows += count
 
-    def solve(self, time_limit: float, node_limit: int | None = None):
+    def solve(self, time_limit: float, node_limit: int | None = None,
+              relaxed: bool = False):
+        """HiGHS's result for the program (`relaxed`: its LP relaxation)."""
         matrix = sparse.csr_array((np.concatenate(self.data), (np.concatenate(self.rows),
                                    np.concatenate(self.cols))),
                                   shape=(self.num_rows, self.num_columns))
-        return milp(np.concatenate(self.costs), integrality=np.concatenate(self.integral),
+        integral = np.concatenate(self.integral)
+        return milp(np.concatenate(self.costs),
+                    integrality=np.zeros_like(integral) if relaxed else integral,
                     bounds=Bounds(np.zeros(self.num_columns), np.concatenate(self.upper)),
                     constraints=LinearConstraint(matrix, np.concatenate(self.lower_rhs),
                                                  np.concatenate(self.upper_rhs)),
@@ -234,6 +251,15 @@ def ilp_minimum(model: LevelModel, time_limit: float = DEFAULT_TIME_LIMIT,
         raise PlanInfeasibleError(
             f"the ILP has {program.num_columns} variables, more than {max_variables}.",
             fix="solve it by the DP, or call ilp_minimum without max_variables.")
+    if form is Linearisation.MARGINAL:
+        relaxation = program.solve(time_limit, relaxed=True)
+        if relaxation.status == 0:           # the LP's optimum: a bound of every assignment
+            assignment = _assignment(model, relaxation.x)
+            cost = float(model.evaluate(assignment)[0])
+            if cost - relaxation.fun <= PROOF_GAP:
+                return IlpSolution(assignment, cost, True, time.perf_counter() - start,
+                                   program.num_columns, program.num_rows, relaxed=True)
+        time_limit = max(time_limit - (time.perf_counter() - start), 0.0)
     result = program.solve(time_limit, node_limit)
     if result.status == 1 and node_limit is not None:
         logging.warning(
@@ -248,10 +274,15 @@ def ilp_minimum(model: LevelModel, time_limit: float = DEFAULT_TIME_LIMIT,
             f"{node_limit}): "
             f"{result.message}",
             fix="raise time_limit, or check the model with level.solve_level (the DP).")
-    offsets = np.concatenate([[0], np.cumsum(model.domains)]).astype(np.int64)
-    assignment = tuple(int(np.argmax(result.x[offsets[g]:offsets[g + 1]]))
-                       for g in range(len(model.domains)))
+    assignment = _assignment(model, result.x)
     # The assignment's own cost: HiGHS's objective value is only within its tolerance
     # (2.999999 for an optimum of 3 was seen).
     return IlpSolution(assignment, float(model.evaluate(assignment)[0]), result.status == 0,
                        time.perf_counter() - start, program.num_columns, program.num_rows)
+
+
+def _assignment(model: LevelModel, x: np.ndarray) -> tuple[int, ...]:
+    """Each group's state of largest x (the one state of a binary solution)."""
+    offsets = np.concatenate([[0], np.cumsum(model.domains)]).astype(np.int64)
+    return tuple(int(np.argmax(x[offsets[g]:offsets[g + 1]]))
+                 for g in range(len(model.domains)))
