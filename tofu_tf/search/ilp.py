@@ -17,14 +17,16 @@ relaxation is far tighter (50x faster on a tiny Wide ResNet cut). Ops touching n
 group cost 0. HiGHS (`scipy.optimize.milp`, relative gap 0) solves it; a result counts
 only if it is proved optimal.
 
-MARGINAL's relaxation is often integral (every joint problem of the tiny reference
-models): so its LP is solved first, and where the states it picks (each group's largest
-x) cost exactly what the LP bounds every assignment by, within HiGHS's own MIP gap
-(PROOF_GAP), they are the optimum, without the MIP's setup and search (about half of its
-time: the Transformer's joint problem at 2x2x2, 800k columns, 8.4 s against 17.6 s; the
-search's joint ILP of the tiny LSTM at 2x4 with views 1.0 s against 1.9-2.4 s). Else the
-MIP solves it in the time left, its own root LP again (the tiny WResNet's joint problem at
-2x4, whose relaxation leaves two groups at one half: 7.6 s against 5.0 s).
+MARGINAL's relaxation is often integral (every joint problem of the tiny reference models
+but WResNet's at 2x4): so its LP is solved first, and where the states it picks (each
+group's largest x) cost exactly what the LP bounds every assignment by, within HiGHS's own
+MIP gap (PROOF_GAP), they are the optimum, without the MIP's setup and search (the
+Transformer's joint problem at 2x2x2, 800k columns: 5.8 s against 14.9 s; the search's
+joint ILP of the tiny LSTM at 2x4 with views: 1.0 s against 1.9-2.4 s; the LSTM's joint
+problem at 2x2x2, 4.1 s against 2.6 s). Else the MIP solves it in the time left, its own
+root LP again (WResNet's at 2x4, two groups at one half: 8.3 s against 5.0 s). The LP runs
+without presolve: with it, HiGHS returned different optimal vertices of one LP on a loaded
+machine (so different plans of equal cost); without it, the same on every run.
 """
 
 from __future__ import annotations
@@ -103,13 +105,15 @@ class _Program:
                                    np.concatenate(self.cols))),
                                   shape=(self.num_rows, self.num_columns))
         integral = np.concatenate(self.integral)
+        # the MIP's presolve is deterministic; the LP's, on a loaded machine, is not
         return milp(np.concatenate(self.costs),
                     integrality=np.zeros_like(integral) if relaxed else integral,
                     bounds=Bounds(np.zeros(self.num_columns), np.concatenate(self.upper)),
                     constraints=LinearConstraint(matrix, np.concatenate(self.lower_rhs),
                                                  np.concatenate(self.upper_rhs)),
                     options={"time_limit": float(time_limit), "mip_rel_gap": 0.0,
-                             **({} if node_limit is None else {"node_limit": node_limit})})
+                             **({} if node_limit is None else {"node_limit": node_limit}),
+                             **({"presolve": False} if relaxed else {})})
 
 
 @dataclass
