@@ -201,9 +201,10 @@ def _frustrated_triangle() -> LevelModel:
 def test_the_lp_bound_proves_an_integral_relaxation_and_the_mip_the_rest():
     """Where the marginal LP's optimum is integral, its states are the optimum (their
     cost meets the LP's bound); where it is fractional, HiGHS's MIP finds the optimum."""
-    found = ilp_minimum(first_cut("wresnet"))
+    model = first_cut("wresnet")
+    found = ilp_minimum(model)
     assert found.optimal and found.relaxed
-    assert math.isclose(found.cost, solve_level(first_cut("wresnet")).cost, rel_tol=1e-9)
+    assert math.isclose(found.cost, solve_level(model).cost, rel_tol=1e-9)
     triangle = _frustrated_triangle()
     assert brute_force(triangle) == 1.0
     found = ilp_minimum(triangle)

@@ -32,6 +32,7 @@ machine (so different plans of equal cost); without it, the same on every run.
 from __future__ import annotations
 
 import enum
+import functools
 import time
 from dataclasses import dataclass, field
 
@@ -98,19 +99,25 @@ class _Program:
         self.upper_rhs.append(np.full(count, upper, dtype=np.float64))
         self.num_rows += count
 
-    def solve(self, time_limit: float, node_limit: int | None = None,
-              relaxed: bool = False):
-        """HiGHS's result for the program (`relaxed`: its LP relaxation)."""
+    @functools.cached_property
+    def _assembled(self) -> tuple:
+        """(costs, integrality, bounds, constraints) as milp takes them: made once, after
+        `_build` has added every block, for the LP and the MIP alike."""
         matrix = sparse.csr_array((np.concatenate(self.data), (np.concatenate(self.rows),
                                    np.concatenate(self.cols))),
                                   shape=(self.num_rows, self.num_columns))
-        integral = np.concatenate(self.integral)
+        return (np.concatenate(self.costs), np.concatenate(self.integral),
+                Bounds(np.zeros(self.num_columns), np.concatenate(self.upper)),
+                LinearConstraint(matrix, np.concatenate(self.lower_rhs),
+                                 np.concatenate(self.upper_rhs)))
+
+    def solve(self, time_limit: float, node_limit: int | None = None,
+              relaxed: bool = False):
+        """HiGHS's result for the program (`relaxed`: its LP relaxation)."""
+        costs, integral, bounds, constraints = self._assembled
         # the MIP's presolve is deterministic; the LP's, on a loaded machine, is not
-        return milp(np.concatenate(self.costs),
-                    integrality=np.zeros_like(integral) if relaxed else integral,
-                    bounds=Bounds(np.zeros(self.num_columns), np.concatenate(self.upper)),
-                    constraints=LinearConstraint(matrix, np.concatenate(self.lower_rhs),
-                                                 np.concatenate(self.upper_rhs)),
+        return milp(costs, integrality=np.zeros_like(integral) if relaxed else integral,
+                    bounds=bounds, constraints=constraints,
                     options={"time_limit": float(time_limit), "mip_rel_gap": 0.0,
                              **({} if node_limit is None else {"node_limit": node_limit}),
                              **({"presolve": False} if relaxed else {})})
@@ -248,7 +255,9 @@ def ilp_minimum(model: LevelModel, time_limit: float = DEFAULT_TIME_LIMIT,
     `coarse.group_of` of the model. Raises PlanInfeasibleError if HiGHS finds nothing,
     or before solving where the program has more than `max_variables` columns. HiGHS
     stops at `time_limit` seconds or after `node_limit` branch-and-bound nodes (a bound
-    of work that, unlike the time, does not depend on the machine's speed or load)."""
+    of work that, unlike the time, does not depend on the machine's speed or load).
+    MARGINAL's LP relaxation is solved first (module docstring); `time_limit` bounds it
+    and the MIP together."""
     start = time.perf_counter()
     program = _build(model, form)
     if max_variables is not None and program.num_columns > max_variables:
