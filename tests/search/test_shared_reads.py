@@ -52,7 +52,7 @@ def test_gathered_states_come_after_the_plain_ones_and_store_as_splits():
 
 
 @pytest.mark.parametrize("name", ["mlp", "lstm", "transformer"])
-@pytest.mark.parametrize("topology", ["2", "3", "8"])
+@pytest.mark.parametrize("topology", ["2", "3", "4", "8"])
 def test_one_level_search_bytes_are_the_emitted_bytes(name, topology):
     searched, moved = emitted_bytes(name, topology, ON)
     assert searched == moved
