@@ -7,9 +7,10 @@ Every Keras application and keras_hub backbone of `tofu_tf.models.keras_models` 
 sizes, batch 8, SGD(0.05, momentum=0.9)) trains `--steps` steps through
 `tofu_tf.function(num_devices=N)` and through `tf.function` from the same weights and
 batches (`tofu_tf.tools.zoo.train_side_by_side`), each row in a fresh process. Outcomes: `equal`
-(loss within 1e-5 relative, every variable within 1e-4 of its scale), `rounding` (float32
-beyond that, but no further than the unpartitioned model drifts from weights one unit in
-the last place off, the yardstick), `DIFFERS`, or the typed error raised. A float32 row
+(loss within 1e-5 relative, every variable within 1e-4 of its scale), `rounding` (beyond
+that, but no further than the unpartitioned model drifts from weights one unit in the last
+place off, the yardstick: in float32, and in float64 past the tolerances), `DIFFERS`, or
+the typed error raised. A float32 row
 that is not equal is also judged one step op by op (`tofu_tf.tools.debug`): "rounding only", or
 the op to blame. MobileNetV2 also runs at 64x64, the size it was first reported wrong at.
 Results go to bench/results/keras_zoo.{json,md}; rows already there are kept unless
@@ -166,7 +167,8 @@ def table(stored: dict) -> str:
         "`tofu_tf.function` and `tf.function` from the same weights and batches. Errors: "
         "the largest relative loss difference over the steps, the largest variable "
         "difference over its scale (weights and momenta). Yardstick: the unpartitioned "
-        "training from weights one unit in the last place off (float32). One step: "
+        "training from weights one unit in the last place off (float32, and float64 past "
+        "the tolerances). One step: "
         "`tofu_tf.tools.debug` judging one step op by op (float32 rows not equal).",
         "",
         f"Outcomes: {summary}.",
