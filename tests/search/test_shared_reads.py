@@ -108,11 +108,17 @@ def test_groups_unlike_part_0s_are_priced_as_part_0s():
 
 @pytest.mark.parametrize("name", ["mlp", "lstm", "wresnet"])
 def test_three_levels_stay_near_the_emitted_bytes(name):
-    """What 2x2x2 still leaves apart: a few small partial results reduced over three
-    levels (LSTM 0.16%; WResNet 512 B of 1120056, a batch norm's means; the MLP none). A
-    smaller part of an uneven split (WResNet's 3-tap kernels cut 2x2) is cut as its
-    group's part 0, as the search prices it: run whole, it fetched what its neighbour
-    stores (1%)."""
+    """What 2x2x2 still leaves apart (the MLP none), all at the inner levels, where the
+    search prices a read through a view by one of two extremes and the emitter sends the
+    union of what the readers lack: the LSTM (0.16%) assembles its zero state and a step's
+    output whole in each pair (G(0), 256 B per group) where its two concatenations, cut
+    on their columns, lack 128 B and 32 B more of it; WResNet (512 B of 1120056, its
+    batch norms' means) stores a mean's view, whole in each group since level 1, cut
+    unlike the mean itself inside the groups, and prices its moving-average update's
+    read from the view's layout, which the emitter takes from the mean's holders, where
+    it lies already. A smaller part of an uneven split (WResNet's 3-tap kernels cut 2x2)
+    is cut as its group's part 0, as the search prices it: run whole, it fetched what
+    its neighbour stores (1%)."""
     searched, moved = emitted_bytes(name, "2x2x2", BYTES)
     assert abs(searched / moved - 1) <= 0.002
 
