@@ -4,7 +4,8 @@
     python bench/keras_zoo.py --models=mobilenetv2,llama --dtypes=float32 --fresh
 
 Every Keras application and keras_hub backbone of `tofu_tf.models.keras_models` (tiny
-sizes, batch 8, SGD(0.05, momentum=0.9)) trains `--steps` steps through
+sizes; by default batch 8 and SGD(0.05, momentum=0.9): `--batch_size`, `--optimizer`)
+trains `--steps` steps through
 `tofu_tf.function(num_devices=N)` and through `tf.function` from the same weights and
 batches (`tofu_tf.tools.zoo.train_side_by_side`), each row in a fresh process. Outcomes: `equal`
 (loss within 1e-5 relative, every variable within 1e-4 of its scale), `rounding` (beyond
@@ -34,6 +35,9 @@ flags.DEFINE_string("models", "", "comma-separated models (default: all), name@s
 flags.DEFINE_string("dtypes", "float64,float32", "comma-separated float dtypes")
 flags.DEFINE_integer("devices", 8, "logical CPU devices")
 flags.DEFINE_integer("steps", 3, "training steps")
+flags.DEFINE_integer("batch_size", 8, "examples per batch")
+flags.DEFINE_enum("optimizer", "sgd_momentum", ["sgd_momentum", "adam"],
+                  "SGD(0.05, momentum=0.9) or Adam(1e-3)")
 flags.DEFINE_bool("fresh", False, "drop the stored rows first")
 flags.DEFINE_enum("onednn", "off", ["off", "on", "avx2"], "TensorFlow's oneDNN CPU kernels: "
                   "off, on (this CPU's best ISA), or on with AVX2 kernels (what CPUs without "
@@ -58,8 +62,12 @@ def _rows() -> list[str]:
 
 
 def _key(row: str) -> str:
-    return f"{row}:{FLAGS.devices}" + {"off": "", "on": ":onednn", "avx2": ":onednn-avx2"}[
-        FLAGS.onednn]
+    """The row's key in the results: the defaults (batch 8, SGD with momentum, oneDNN
+    off) add nothing, so older rows keep theirs."""
+    return (f"{row}:{FLAGS.devices}" +
+            (f":b{FLAGS.batch_size}" if FLAGS.batch_size != 8 else "") +
+            (f":{FLAGS.optimizer}" if FLAGS.optimizer != "sgd_momentum" else "") +
+            {"off": "", "on": ":onednn", "avx2": ":onednn-avx2"}[FLAGS.onednn])
 
 
 def run_child(row: str) -> dict:
@@ -72,8 +80,10 @@ def run_child(row: str) -> dict:
     if dtype == "validate":
         return validate_child(name, size)
     result = train_side_by_side(name, num_devices=FLAGS.devices, dtype=dtype,
-                                steps=FLAGS.steps, image_size=size).to_dict()
-    result["image_size"] = size
+                                steps=FLAGS.steps, image_size=size,
+                                batch_size=FLAGS.batch_size,
+                                optimizer=FLAGS.optimizer).to_dict()
+    result.update(image_size=size, batch_size=FLAGS.batch_size, optimizer=FLAGS.optimizer)
     if dtype == "float32" and result["outcome"] not in ("equal",) and \
             not result["outcome"].startswith("error"):
         from tofu_tf.tools.debug import compare_step, model_case
@@ -113,7 +123,8 @@ def run_row(row: str) -> dict:
            "TF_ENABLE_ONEDNN_OPTS": "0" if FLAGS.onednn == "off" else "1",
            **({"ONEDNN_MAX_CPU_ISA": "AVX2"} if FLAGS.onednn == "avx2" else {})}
     command = [sys.executable, __file__, f"--child={row}", f"--devices={FLAGS.devices}",
-               f"--steps={FLAGS.steps}"]
+               f"--steps={FLAGS.steps}", f"--batch_size={FLAGS.batch_size}",
+               f"--optimizer={FLAGS.optimizer}"]
     start = time.perf_counter()
     try:
         run = subprocess.run(command, capture_output=True, text=True, env=env,
@@ -126,6 +137,9 @@ def run_row(row: str) -> dict:
         return {"row": row, "outcome": f"CRASH (exit {run.returncode}): " + " | ".join(tail),
                 "seconds": time.perf_counter() - start}
     return {"row": row, **json.loads(lines[-1])}
+
+
+_OPTIMIZERS = {"sgd_momentum": "SGD", "adam": "Adam"}
 
 
 def _e(value) -> str:
@@ -144,6 +158,7 @@ def table(stored: dict) -> str:
             continue
         part, ruler = r.get("partitioned") or {}, r.get("yardstick") or {}
         rows.append([r.get("model", r["row"]), r.get("image_size", "-"),
+                     r.get("batch_size", 8), _OPTIMIZERS[r.get("optimizer", "sgd_momentum")],
                      r.get("num_devices", "-"), r.get("dtype", "-"),
                      {"onednn": "on", "onednn-avx2": "AVX2"}.get(key.split(":")[-1], "off"),
                      r["outcome"][:160].replace("|", "/"),
@@ -163,7 +178,7 @@ def table(stored: dict) -> str:
         f"`python bench/keras_zoo.py` on {stored.get('machine', {}).get('cpu', '?')} "
         f"({stored.get('machine', {}).get('nproc', '?')} cores; the last run: "
         f"`{stored.get('command', '')}`). Each row: "
-        f"{FLAGS.steps} steps of SGD(0.05, momentum=0.9), batch 8, through "
+        f"{FLAGS.steps} steps of SGD(0.05, momentum=0.9) or Adam(1e-3), through "
         "`tofu_tf.function` and `tf.function` from the same weights and batches. Errors: "
         "the largest relative loss difference over the steps, the largest variable "
         "difference over its scale (weights and momenta). Yardstick: the unpartitioned "
@@ -173,7 +188,8 @@ def table(stored: dict) -> str:
         "",
         f"Outcomes: {summary}.",
         "",
-        markdown_table(["model", "input", "devices", "dtype", "oneDNN", "outcome",
+        markdown_table(["model", "input", "batch", "optimizer", "devices", "dtype", "oneDNN",
+                        "outcome",
                         "loss err", "variable err", "yardstick loss", "yardstick var",
                         "one step", "s"], rows),
         "",
