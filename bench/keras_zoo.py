@@ -5,14 +5,13 @@
 
 Every Keras application and keras_hub backbone of `tofu_tf.models.keras_models` (tiny
 sizes; by default batch 8 and SGD(0.05, momentum=0.9): `--batch_size`, `--optimizer`)
-trains `--steps` steps through
-`tofu_tf.function(num_devices=N)` and through `tf.function` from the same weights and
-batches (`tofu_tf.tools.zoo.train_side_by_side`), each row in a fresh process. Outcomes: `equal`
-(loss within 1e-5 relative, every variable within 1e-4 of its scale), `rounding` (beyond
-that, but no further than the unpartitioned model drifts from weights one unit in the last
-place off, the yardstick: in float32, and in float64 past the tolerances), `DIFFERS`, or
-the typed error raised. A float32 row
-that is not equal is also judged one step op by op (`tofu_tf.tools.debug`): "rounding only", or
+trains `--steps` steps through `tofu_tf.function(num_devices=N)` and through `tf.function`
+from the same weights and batches (`tofu_tf.tools.zoo.train_side_by_side`), each row in a
+fresh process. Outcomes: `equal` (loss within 1e-5 relative, every variable within 1e-4
+of its scale), `rounding` (beyond that, but no further than the unpartitioned model
+drifts from weights one unit in the last place off, the yardstick: in float32, and in
+float64 past the tolerances), `DIFFERS`, or the typed error raised. A float32 row that is
+not equal is also judged one step op by op (`tofu_tf.tools.debug`): "rounding only", or
 the op to blame. MobileNetV2 also runs at 64x64, the size it was first reported wrong at.
 Results go to bench/results/keras_zoo.{json,md}; rows already there are kept unless
 `--fresh` (or named again).
@@ -189,9 +188,8 @@ def table(stored: dict) -> str:
         f"Outcomes: {summary}.",
         "",
         markdown_table(["model", "input", "batch", "optimizer", "devices", "dtype", "oneDNN",
-                        "outcome",
-                        "loss err", "variable err", "yardstick loss", "yardstick var",
-                        "one step", "s"], rows),
+                        "outcome", "loss err", "variable err", "yardstick loss",
+                        "yardstick var", "one step", "s"], rows),
         "",
         "## The validator on each model's own ops",
         "",
