@@ -143,6 +143,21 @@ def test_where_the_joint_dp_is_too_wide_highs_plans_the_joint_optimum():
     assert plan.objective == optimum < dp_alone.objective
 
 
+@pytest.mark.parametrize("topology", ["2x2", "2x4"])
+def test_with_views_highs_plans_the_transformers_own_joint_optimum(topology):
+    """The Transformer's joint ILP with views, at the default flop price, has about
+    150000 columns (within joint.ILP_VARIABLES): the plan is the optimum of the views'
+    own account, below the plan without views priced with them."""
+    graph, entries = graph_of("transformer")
+    options = Options(shared_reads=True)
+    plan = search(graph, Topology.parse(topology), entries=entries, options=options)
+    repriced = search(graph, Topology.parse(topology), entries=entries,
+                      options=dataclasses.replace(options, joint_ilp_seconds=0.0))
+    optimum = joint_optimum(graph, Topology.parse(topology), JointMethod.ILP,
+                            time_limit=ILP_SECONDS, options=options)
+    assert plan.joint and plan.objective == optimum < repriced.objective
+
+
 def test_a_joint_ilp_stopped_by_the_clock_is_told_and_not_taken(caplog):
     """HiGHS's node limit decides whether the joint ILP's answer is taken (the same on any
     machine); where the time limit stops it first, the search says the plan depends on

@@ -62,8 +62,13 @@ from tofu_tf.search.topology import Topology
 
 MAX_JOINT_CHOICES = 1_000_000        # joint choices summed over ops, before giving up
 # Most ILP columns `optimum` gives HiGHS where the DP's tables are too large: the LSTM at
-# 2x4 with shared reads has 66338 (proved in 2.2-3.3 CPU seconds), the Transformer 144728.
-ILP_VARIABLES = 100_000
+# 2x4 with shared reads has 66338 (proved in 2.2-3.3 CPU seconds), the Transformer at 2x2
+# and 2x4 about 150000 (its LP relaxation integral: the plan in 1.9 s, 1.6-2.8% fewer
+# bytes than the plan without views priced with them); of the stock Keras models' default
+# searches at 4, 6 and 8 devices three more are proved (DINOv3, ESM-2, RoFormer-V2 at 4:
+# 1.7-2.7 s against 0.3-0.5, DINOv3 3.9% fewer bytes). Past about 240000 (by estimate) the
+# proofs take tens of seconds (the LSTM at 2x2x2 with shared reads: 773527 columns, 34 s).
+ILP_VARIABLES = 200_000
 # An ILP whose columns, estimated before the walk, are past this many times ILP_VARIABLES
 # is not built (the estimate was within 5% either way of the columns on the tiny models
 # and the stock Keras ones, 6750-621338: past the bound, a walk of a second or more for
