@@ -28,6 +28,8 @@ from pathlib import Path
 
 from absl import app, flags
 
+from tofu_tf.models.keras_models import OPTIMIZERS
+
 FLAGS = flags.FLAGS
 flags.DEFINE_string("models", "", "comma-separated models (default: all), name@size for an "
                                   "image size")
@@ -35,7 +37,7 @@ flags.DEFINE_string("dtypes", "float64,float32", "comma-separated float dtypes")
 flags.DEFINE_integer("devices", 8, "logical CPU devices")
 flags.DEFINE_integer("steps", 3, "training steps")
 flags.DEFINE_integer("batch_size", 8, "examples per batch")
-flags.DEFINE_enum("optimizer", "sgd_momentum", ["sgd_momentum", "adam"],
+flags.DEFINE_enum("optimizer", "sgd_momentum", list(OPTIMIZERS),
                   "SGD(0.05, momentum=0.9) or Adam(1e-3)")
 flags.DEFINE_bool("fresh", False, "drop the stored rows first")
 flags.DEFINE_enum("onednn", "off", ["off", "on", "avx2"], "TensorFlow's oneDNN CPU kernels: "
@@ -138,9 +140,6 @@ def run_row(row: str) -> dict:
     return {"row": row, **json.loads(lines[-1])}
 
 
-_OPTIMIZERS = {"sgd_momentum": "SGD", "adam": "Adam"}
-
-
 def _e(value) -> str:
     return "-" if value is None else f"{value:.1e}"
 
@@ -157,7 +156,7 @@ def table(stored: dict) -> str:
             continue
         part, ruler = r.get("partitioned") or {}, r.get("yardstick") or {}
         rows.append([r.get("model", r["row"]), r.get("image_size", "-"),
-                     r.get("batch_size", 8), _OPTIMIZERS[r.get("optimizer", "sgd_momentum")],
+                     r.get("batch_size", 8), r.get("optimizer", "sgd_momentum"),
                      r.get("num_devices", "-"), r.get("dtype", "-"),
                      {"onednn": "on", "onednn-avx2": "AVX2"}.get(key.split(":")[-1], "off"),
                      r["outcome"][:160].replace("|", "/"),

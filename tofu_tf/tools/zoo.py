@@ -145,10 +145,9 @@ def _train_side_by_side(model, num_devices, dtype, steps, batch_size, image_size
                           seconds=time.perf_counter() - start)
     drift = drift_between(want, got, _variables(reference), _variables(mine))
     nodes = len(partitioned.optimized.graph_def.node)
-    ruler = None
-    if yardstick if yardstick is not None else (dtype == "float32" or
-                                                not drift.within_tolerance):
-        ruler = _yardstick(build, batches, want, _variables(reference))
+    if yardstick is None:
+        yardstick = dtype == "float32" or not drift.within_tolerance
+    ruler = _yardstick(build, batches, want, _variables(reference)) if yardstick else None
     return SideBySide(**common, partitioned=drift, yardstick=ruler,
                       seconds=time.perf_counter() - start,
                       details={"planner_ops": len(partitioned.optimized.graph),
