@@ -3,7 +3,7 @@ functional model trained 2 Adam steps through `tofu_tf.function` against `tf.fun
 from identical weights, in float64 (float32 where TensorFlow has no float64 kernel); every
 op of these models is described (a kept-whole op fails the test), and the partitioned step
 splits the ops that stand in for them (dilations, resizing, 3-D pooling, cyclic shifts,
-pixel shuffles, band masks, grouped convolutions)."""
+pixel shuffles, band masks, grouped convolutions, mirror padding, top-k)."""
 
 from __future__ import annotations
 
@@ -154,6 +154,15 @@ def _layers():
             L.Reshape((-1, 12)), L.Conv1D(6, 5, strides=3),
             L.Conv1D(4, 2, padding="causal", dilation_rate=3),
             L.MaxPooling1D(2, padding="same")]),
+        # Reflected and symmetric padding, a running sum, a reversal and a tiling, then the
+        # two largest channels of each pixel (their gradients: MirrorPadGrad, ScatterNd).
+        "mirror-pads-top-k": _classifier((6, 8, 3), lambda: [
+            L.Conv2D(4, 3, padding="same"),
+            L.Lambda(lambda t: tf.pad(t, [[0, 0], [1, 1], [2, 2], [0, 0]], mode="REFLECT")),
+            L.Lambda(lambda t: tf.reverse(tf.math.cumsum(t, axis=2), axis=[1])),
+            L.Lambda(lambda t: tf.tile(t, [1, 1, 1, 2])),
+            L.Lambda(lambda t: tf.pad(t, [[0, 0], [1, 0], [0, 1], [0, 0]], mode="SYMMETRIC")),
+            L.Conv2D(3, 2, strides=2), L.Lambda(lambda t: tf.math.top_k(t, 2).values)]),
         # TensorFlow's 3-D max pooling has no float64 kernel: this one runs in float32.
         "conv3d-pool3d": _classifier((6, 7, 6, 2), lambda: [
             L.Conv3D(4, 3, strides=(1, 2, 1), padding="same", activation="relu"),
@@ -166,7 +175,8 @@ LAYERS = ["conv1d-dilated-causal", "conv2d-dilated-same", "conv2d-transpose-sepa
           "roll-shifted-windows", "pixel-shuffle-band", "conv3d-pool3d", "conv-groups",
           "conv1d-conv3d-groups", "attention-causal-norm", "bidirectional-timedistributed",
           "conv-transpose-output-padding", "attention-2d-axes", "einsum-dense-norm-axes",
-          "masked-lstm", "upsample3d-conv1d-transpose", "odd-sizes-strides"]
+          "masked-lstm", "upsample3d-conv1d-transpose", "odd-sizes-strides",
+          "mirror-pads-top-k"]
 FLOAT32 = {"conv3d-pool3d"}
 DEVICES = {"odd-sizes-strides": 3}
 # The op types that stand in for a layer (TensorFlow's lowering), per model.
@@ -181,7 +191,8 @@ STANDS_IN_FOR = {
                                 "ResizeNearestNeighbor", "ResizeNearestNeighborGrad"},
     "roll-shifted-windows": {"Roll"},
     "pixel-shuffle-band": {"DepthToSpace", "SpaceToDepth", "MatrixBandPart"},
-    "conv3d-pool3d": {"MaxPool3D", "MaxPool3DGrad", "AvgPool3D", "AvgPool3DGrad"}}
+    "conv3d-pool3d": {"MaxPool3D", "MaxPool3DGrad", "AvgPool3D", "AvgPool3DGrad"},
+    "mirror-pads-top-k": {"MirrorPad", "MirrorPadGrad", "TopKV2", "ScatterNd"}}
 STANDS_IN = set().union(*STANDS_IN_FOR.values())
 
 

@@ -19,6 +19,10 @@ UNARY = (
     "Relu", "Relu6", "Rint", "Round", "Rsqrt", "Selu", "Sigmoid", "Sign", "Sin", "Sinh",
     "Softplus", "Softsign", "Sqrt", "Square", "Tan", "Tanh", "Cast", "Identity", "Snapshot",
     "StopGradient", "PreventGradient", "CheckNumerics", "Bitcast",
+    # special functions (tf.math.special; gradients of Lgamma, Digamma and the Bessels)
+    "BesselI0", "BesselI1", "BesselI0e", "BesselI1e", "BesselJ0", "BesselJ1", "BesselY0",
+    "BesselY1", "BesselK0", "BesselK1", "BesselK0e", "BesselK1e", "Dawsn", "Expint",
+    "FresnelCos", "FresnelSin", "Spence", "Ndtri",
 )
 
 BINARY = (
@@ -31,9 +35,11 @@ BINARY = (
     "ReluGrad", "Relu6Grad", "EluGrad", "SeluGrad", "LeakyReluGrad", "SoftplusGrad",
     "SoftsignGrad", "SigmoidGrad", "TanhGrad", "RsqrtGrad", "SqrtGrad", "ReciprocalGrad",
     "InvGrad",
+    # incomplete gamma and zeta functions and the gradients that use them
+    "Igamma", "Igammac", "IgammaGradA", "Polygamma", "Zeta", "RandomGammaGrad",
 )
 
-TERNARY = ("SelectV2", "ClipByValue")
+TERNARY = ("SelectV2", "ClipByValue", "Betainc")
 
 
 def _elementwise(ctx):

@@ -1,5 +1,5 @@
-"""Gathers and segment reductions: GatherV2, Gather, ResourceGather, GatherNd and
-UnsortedSegmentSum / Max / Min / Prod.
+"""Gathers, scatters and segment reductions: GatherV2, Gather, ResourceGather, GatherNd,
+ScatterNd and UnsortedSegmentSum / Max / Min / Prod.
 
 A gathered element is params[.., indices[i], ..]: the index is data, so a split on an
 indices dim cuts indices and takes params whole along the gathered axis, and a split on
@@ -7,12 +7,17 @@ another params dim cuts params and takes indices whole. A segment reduction
 out[s] = R_i (data[i] where ids[i] == s) splits on i (each part reduces its own rows:
 Partial), on the trailing dims, and on s (every part reduces all rows into all segments
 and keeps its own: the kernel rejects ids beyond num_segments, so it cannot be narrowed).
+ScatterNd (the gradient of GatherNd and of TopKV2) is a segment sum whose segment is a
+coordinate of `depth` dims: likewise.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from tofu_tf.op_semantics.helpers import normalize_axis
-from tofu_tf.op_semantics.hooks import crop_split_outputs, split_dim
+from tofu_tf.op_semantics.hooks import crop_split_outputs, sizes, split_dim
+from tofu_tf.op_semantics.localize import replace
 from tofu_tf.op_semantics.registry import semantics
 from tofu_tf.op_semantics.tdl import Const, Eq, ReduceN, where
 
@@ -91,4 +96,40 @@ def unsorted_segment(ctx):
         if ids.rank == 0:
             return element(s, (), rest)
         return ReduceN(reducer, lambda *r: element(s, r, rest), ids.shape)
+    ctx.compute_nd(body)
+
+
+def _scatter_nd_local(ctx, local):
+    """A split of an indexed dim: each part scatters every update it has into the whole of
+    that dim and keeps its own share (the kernel rejects indices past the shape). Else the
+    shape input's trailing dims are the part's (its indexed dims stay as they are: a level
+    above may have kept them whole)."""
+    depth = ctx.sem.input_shapes[0][-1]
+    dim = split_dim(ctx)
+    if dim is not None and dim < depth:
+        return crop_split_outputs(ctx, local)
+    shape = np.array(ctx.sem.constants[2])
+    shape[depth:] = sizes(local.output_slices[0])[depth:]
+    return replace(local, const_inputs={**local.const_inputs, 2: shape})
+
+
+@semantics("ScatterNd", localize=_scatter_nd_local)
+def scatter_nd(ctx):
+    """out[c, inner] = sum over the updates' leading dims r of (updates[r, inner] where
+    indices[r, :] == c); duplicate indices add."""
+    indices, updates = ctx.inputs[:2]
+    ctx.const(2)
+    depth, lead = indices.shape[-1], indices.shape[:-1]
+
+    def element(c, r, inner):
+        value = updates[r + inner]
+        for k in reversed(range(depth)):
+            value = where(Eq(indices[r + (Const(k),)], c[k]), value, 0)
+        return value
+
+    def body(idx):
+        c, inner = tuple(idx[:depth]), tuple(idx[depth:])
+        if not lead:
+            return element(c, (), inner)
+        return ReduceN("sum", lambda *r: element(c, r, inner), lead)
     ctx.compute_nd(body)

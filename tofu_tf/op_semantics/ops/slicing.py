@@ -1,4 +1,5 @@
-"""Slices and pads: Slice, StridedSlice (every mask), StridedSliceGrad, Pad, PadV2, MirrorPad.
+"""Slices and pads: Slice, StridedSlice (every mask), StridedSliceGrad, Pad, PadV2, MirrorPad,
+MirrorPadGrad.
 
 A slice reads `begin + stride * i`, a pad reads `i - before` (or a fill, or a reflection),
 so every output dim splits and each input is cut to the part's preimage. The hooks rewrite
@@ -13,7 +14,7 @@ import numpy as np
 from tofu_tf.op_semantics.hooks import (const_ints, const_ints_of, set_item, sizes, crop_or_none, shifted)
 from tofu_tf.op_semantics.localize import replace
 from tofu_tf.op_semantics.registry import semantics
-from tofu_tf.op_semantics.tdl import Const, Eq, Maximum, Minimum, where
+from tofu_tf.op_semantics.tdl import Const, Eq, Fn, Maximum, Minimum, Opaque, ReduceN, where
 
 # -- slices ---------------------------------------------------------------------------------
 
@@ -332,3 +333,32 @@ def mirror_pad(ctx):
     ctx.compute_nd(lambda idx: x[tuple(
         _mirror(shifted(v, -before), x.shape[d], symmetric) if before or after else v
         for d, (v, (before, after)) in enumerate(zip(idx, paddings)))])
+
+
+MIRROR_GRAD_REASON = ("MirrorPadGrad folds the reflected rows back onto the rows they mirror: "
+                      "a part of a padded dim inside the reflected rows is not a "
+                      "MirrorPadGrad of a part of the gradient")
+
+
+@semantics("MirrorPadGrad")
+def mirror_pad_grad(ctx):
+    """dx[i] sums the gradient at i's own padded position and at those that reflect it. The
+    padded dims stay whole (each reads its whole row of the gradient); the others split,
+    each part with the op's own paddings."""
+    grad = ctx.inputs[0]
+    paddings = np.asarray(ctx.const(1)).reshape(-1, 2).tolist()
+    padded = [d for d, (before, after) in enumerate(paddings) if before or after]
+
+    def body(idx):
+        if not padded:
+            return grad[idx]
+
+        def row(*js):
+            at = dict(zip(padded, js))
+            return grad[tuple(at.get(d, v) for d, v in enumerate(idx))]
+        rows = ReduceN("window", row, [grad.shape[d] for d in padded],
+                       names=[f"p{d}" for d in padded])
+        return Opaque("mirror_pad_grad", rows, Fn("position", *(idx[d] for d in padded)))
+    ctx.compute_nd(body)
+    for d in padded:
+        ctx.unsplittable(f"d{d}", MIRROR_GRAD_REASON)

@@ -31,3 +31,11 @@ for op_type in ("UnsortedSegmentSum", "UnsortedSegmentMax", "UnsortedSegmentMin"
 sample("UnsortedSegmentSum", "two id dims",
        lambda d, i: tf.math.unsorted_segment_sum(d, i, 6), arg((3, 4, 2)),
        arg((3, 4), "int32", high=6))
+sample("ScatterNd", "pairs, duplicates add",
+       lambda i, u: tf.scatter_nd(i, u, tf.constant([5, 4, 3])),
+       arg((6, 2), "int32", value=[[0, 1], [4, 3], [2, 0], [0, 1], [3, 2], [1, 1]]),
+       arg((6, 3)))
+sample("ScatterNd", "flat, as TopKV2's gradient",
+       lambda i, u: tf.scatter_nd(i, u, tf.constant([10], tf.int64)),
+       arg((4, 2, 1), "int64", value=[[[7], [2]], [[9], [0]], [[2], [5]], [[4], [8]]]),
+       arg((4, 2)))

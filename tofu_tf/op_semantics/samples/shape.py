@@ -124,6 +124,12 @@ sample("MirrorPad", "symmetric",
        arg((4, 5)))
 sample("MirrorPad", "wide reflect",
        lambda x: tf.raw_ops.MirrorPad(input=x, paddings=[[5, 5]], mode="REFLECT"), arg((6,)))
+sample("MirrorPadGrad", "reflect",
+       lambda g: tf.raw_ops.MirrorPadGrad(input=g, paddings=[[3, 2], [0, 0], [1, 0]],
+                                          mode="REFLECT"), arg((10, 3, 5)))
+sample("MirrorPadGrad", "symmetric",
+       lambda g: tf.raw_ops.MirrorPadGrad(input=g, paddings=[[0, 0], [4, 3], [0, 2]],
+                                          mode="SYMMETRIC"), arg((3, 11, 7)))
 
 sample("Fill", "fed value", lambda v: tf.fill([4, 6], v), arg(()))
 sample("Range", "int", lambda: tf.range(2, 30, 3))
