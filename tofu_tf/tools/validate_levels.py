@@ -150,7 +150,9 @@ def _result_shapes(inst: OpInstance):
         try:                     # an empty part's input may have a negative extent
             values = [np.zeros(shape, dtype=np.asarray(v).dtype)
                       for shape, v in zip(in_shapes, inst.values)]
-            for i, value in local.const_inputs.items():
+            # constant inputs as the op has them (an fft_length of zeros aborts the
+            # process), unless a level set them
+            for i, value in {**inst.sem.constants, **local.const_inputs}.items():
                 values[i] = np.asarray(value, dtype=values[i].dtype)
             results = inst.run(values, attr_changes(inst.sem, local.attrs))
         except Exception:  # noqa: BLE001 -- unknown shapes end the descent, as in the emitter

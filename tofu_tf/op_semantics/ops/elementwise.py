@@ -23,6 +23,8 @@ UNARY = (
     "BesselI0", "BesselI1", "BesselI0e", "BesselI1e", "BesselJ0", "BesselJ1", "BesselY0",
     "BesselY1", "BesselK0", "BesselK1", "BesselK0e", "BesselK1e", "Dawsn", "Expint",
     "FresnelCos", "FresnelSin", "Spence", "Ndtri",
+    # parts of complex numbers
+    "Real", "Imag", "ComplexAbs", "Conj", "Angle",
 )
 
 BINARY = (
@@ -37,6 +39,7 @@ BINARY = (
     "InvGrad",
     # incomplete gamma and zeta functions and the gradients that use them
     "Igamma", "Igammac", "IgammaGradA", "Polygamma", "Zeta", "RandomGammaGrad",
+    "Complex",
 )
 
 TERNARY = ("SelectV2", "ClipByValue", "Betainc")

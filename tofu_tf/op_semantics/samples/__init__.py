@@ -39,7 +39,10 @@ class Arg:
             return rng.integers(low, high, self.shape).astype(self.dtype)
         low = -2.0 if self.low is None else self.low
         high = 2.0 if self.high is None else self.high
-        return rng.uniform(low, high, self.shape).astype(self.dtype)
+        values = rng.uniform(low, high, self.shape)
+        if self.dtype.startswith("complex"):
+            values = values + 1j * rng.uniform(low, high, self.shape)
+        return values.astype(self.dtype)
 
 
 def arg(shape, dtype: str = "float32", *, low=None, high=None, value=None) -> Arg:

@@ -12,6 +12,7 @@ POSITIVE = {"Log", "Sqrt", "Rsqrt", "Lgamma", "Digamma", "Reciprocal", "Inv", "L
             "BesselK1", "BesselK0e", "BesselK1e", "Expint", "Spence", "Igamma", "Igammac",
             "IgammaGradA", "RandomGammaGrad"}
 PROBABILITY = {"Ndtri"}
+COMPLEX = {"Real", "Imag", "ComplexAbs", "Conj", "Angle"}
 UNIT = {"Acos", "Asin", "Atanh", "Erfinv"}
 INTEGER = {"Invert", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "LeftShift", "RightShift",
            "FloorMod", "TruncateMod", "Mod", "FloorDiv", "TruncateDiv"}
@@ -29,6 +30,8 @@ def _arg(op_type, shape):
         return arg(shape, low=0.5, high=3.0)
     if op_type in UNIT:
         return arg(shape, low=-0.9, high=0.9)
+    if op_type in COMPLEX:
+        return arg(shape, "complex64")
     if op_type in PROBABILITY:
         return arg(shape, low=0.05, high=0.95)
     return arg(shape)
