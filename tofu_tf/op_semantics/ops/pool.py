@@ -1,5 +1,6 @@
 """Pooling: MaxPool, AvgPool and their gradients, 2-D and 3-D (MaxPool and its gradient also
-as V2).
+as V2), and MaxPool's second-order gradient (MaxPoolGradGrad: a gradient penalty through a
+max pool).
 
 Per spatial dim, output o pools input o*s + k - p over taps k (stride s, padding p):
 
@@ -38,7 +39,7 @@ ARGMAX_REASON = ("the kernel routes each window's gradient to the window's first
 
 
 # The V2 ops take ksize and strides as constant inputs: their indices.
-WINDOW_INPUTS = {"MaxPoolV2": (1, 2), "MaxPoolGradV2": (3, 4)}
+WINDOW_INPUTS = {"MaxPoolV2": (1, 2), "MaxPoolGradV2": (3, 4), "MaxPoolGradGradV2": (3, 4)}
 
 
 def _pool_attrs(ctx) -> dict:
@@ -204,6 +205,44 @@ def max_pool_grad(ctx):
             return gated(routed, dyp[layout.pack(n, outs, c)])
         return ReduceN("sum", term, kernel, names=_tap_names(layout))
     compute_layout(ctx, layout, ("n", layout.spatial_names, "c"), body)
+    for name in _tap_names(layout):
+        ctx.unsplittable(name, ARGMAX_REASON)
+
+
+def _max_pool_grad_grad_local(ctx, local):
+    """As MaxPool's: VALID over x's region padded with -inf and the gradient's with zeros
+    (the taps are whole); the op's own padding where the spatial dims arrive whole."""
+    sem = ctx.sem
+    layout = layout_from(sem.attrs, len(sem.input_shapes[0]))
+    own = own_window(sem, local, (0, 2), layout.spatial, filter_input=None)
+    return own or replace(local, attrs=valid_attrs(local.attrs))
+
+
+@semantics("MaxPoolGradGrad", "MaxPoolGradGradV2", "MaxPool3DGradGrad",
+           localize=_max_pool_grad_grad_local)
+def max_pool_grad_grad(ctx):
+    """ddy[n, o.., c] = Sum(k..: dgrad[n, o*s + k - p, c] where tap k is the first maximum
+    y[n, o.., c] of o's window of x): MaxPoolGrad's gradient with respect to its dy."""
+    x, y, grad = ctx.inputs[:3]
+    layout = layout_of(ctx, x.rank)
+    axes = _axes(ctx, _pool_attrs(ctx), layout, x.shape, y.shape)
+    xp, gp = x.padded(-np.inf), grad.padded(0)
+    kernel = [a.kernel for a in axes]
+
+    def body(n, outs, c):
+        window = ReduceN("window", lambda *ws: xp[layout.pack(
+            n, [a.tap(o, w) for a, o, w in zip(axes, outs, ws)], c)],
+            kernel, names=_tap_names(layout, "w"))
+        first = Opaque("first_max_position", y[layout.pack(n, outs, c)], window)
+
+        def term(*taps):
+            flat = 0
+            for k, size in zip(taps, kernel):
+                flat = flat * size + k
+            return gated([Eq(first, flat)], gp[layout.pack(
+                n, [a.tap(o, k) for a, o, k in zip(axes, outs, taps)], c)])
+        return ReduceN("sum", term, kernel, names=_tap_names(layout))
+    compute_layout(ctx, layout, ("n", _tap_names(layout, "o"), "c"), body)
     for name in _tap_names(layout):
         ctx.unsplittable(name, ARGMAX_REASON)
 

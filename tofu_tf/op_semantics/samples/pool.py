@@ -75,12 +75,23 @@ def _max_grad(attrs):
     return build
 
 
+def _max_grad_grad(attrs):
+    def build(x, g):
+        y = R.MaxPool(input=x, **attrs)
+        return R.MaxPoolGradGrad(orig_input=x, orig_output=y, grad=g, **attrs)
+    return build
+
+
 for label, x, k, s, pad, ex in MAX:
     attrs = _pool_attrs(k, s, pad, ex)
     y = _out_shape(x, k, s, pad, ex)
     sample("MaxPool", label, lambda a, attrs=attrs: R.MaxPool(input=a, **attrs), arg(x))
     sample("MaxPoolGrad", label, _max_grad(attrs), arg(x), arg(y))
     sample("MaxPoolGrad", label + " ties", _max_grad(attrs), arg(x, value=_tied(x)), arg(y))
+    if pad != "EXPLICIT":                     # MaxPoolGradGrad takes SAME or VALID
+        sample("MaxPoolGradGrad", label, _max_grad_grad(attrs), arg(x), arg(x))
+        sample("MaxPoolGradGrad", label + " ties", _max_grad_grad(attrs),
+               arg(x, value=_tied(x)), arg(x))
 
 sample("MaxPoolV2", "3x3 s2 SAME",
        lambda a, k, s: R.MaxPoolV2(input=a, ksize=k, strides=s, padding="SAME"),
@@ -93,6 +104,11 @@ for label, k, s, pad in (("3x3 s2 SAME", 3, 2, "SAME"), ("2x2 s2 VALID", 2, 2, "
                grad=g, ksize=k_, strides=s_, padding=pad),
            arg(x), arg(_out_shape(x, k, s, pad)), const(_window(k), "int32"),
            const(_window(s), "int32"))
+    sample("MaxPoolGradGradV2", label,
+           lambda a, g, k_, s_, pad=pad: R.MaxPoolGradGradV2(
+               orig_input=a, orig_output=R.MaxPoolV2(input=a, ksize=k_, strides=s_, padding=pad),
+               grad=g, ksize=k_, strides=s_, padding=pad),
+           arg(x), arg(x), const(_window(k), "int32"), const(_window(s), "int32"))
 sample("MaxPoolV2", "2x2 s2 VALID",
        lambda a, k, s: R.MaxPoolV2(input=a, ksize=k, strides=s, padding="VALID"),
        arg((2, 9, 11, 3)), const([1, 2, 2, 1], "int32"), const([1, 2, 2, 1], "int32"))
@@ -126,6 +142,10 @@ for label, x, k, s, pad in POOL3D:
            lambda a, g, attrs=attrs: R.MaxPool3DGrad(
                orig_input=a, orig_output=R.MaxPool3D(input=a, **attrs), grad=g, **attrs),
            arg(x), arg(tuple(y)))
+    sample("MaxPool3DGradGrad", label,
+           lambda a, g, attrs=attrs: R.MaxPool3DGradGrad(
+               orig_input=a, orig_output=R.MaxPool3D(input=a, **attrs), grad=g, **attrs),
+           arg(x), arg(x))
     sample("MaxPool3DGrad", label + " ties",
            lambda a, g, attrs=attrs: R.MaxPool3DGrad(
                orig_input=a, orig_output=R.MaxPool3D(input=a, **attrs), grad=g, **attrs),
