@@ -1,6 +1,9 @@
-"""`@tofu_tf.function` on Python training steps: raw tf.Variables and Keras models."""
+"""`@tofu_tf.function` on Python training steps: raw tf.Variables and Keras models (one
+with a gradient penalty: gradients of gradients)."""
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 import pytest
@@ -86,3 +89,57 @@ def test_keras_resnet50_matches():
                          reference.model.weights + reference.optimizer.variables):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6,
                                    err_msg=got.path)
+
+
+def _critic_step():
+    """A WGAN-GP critic step: a stock Keras critic (strided convolution, max pooling, layer
+    norm) whose loss holds the gradient norm of its score at interpolated inputs, so the
+    step differentiates gradients (MaxPoolGrad into MaxPoolGradGrad, the convolutions'
+    gradients into convolutions); Adam."""
+    import keras
+    keras.utils.set_random_seed(0)
+    layers = keras.layers
+    critic = keras.Sequential([
+        keras.Input((16, 16, 3)), layers.Conv2D(8, 3, strides=2, padding="same"),
+        layers.LeakyReLU(0.2), layers.MaxPooling2D(2), layers.Conv2D(8, 3, padding="same"),
+        layers.LayerNormalization(), layers.LeakyReLU(0.2), layers.Flatten(), layers.Dense(1)])
+    optimizer = keras.optimizers.Adam(1e-3)
+    optimizer.build(critic.trainable_variables)
+
+    def step(real, fake, mix):
+        with tf.GradientTape() as tape:
+            mixed = mix * real + (1.0 - mix) * fake
+            with tf.GradientTape() as inner:
+                inner.watch(mixed)
+                score = critic(mixed)
+            slope = tf.sqrt(tf.reduce_sum(tf.square(inner.gradient(score, mixed)), [1, 2, 3]))
+            loss = (tf.reduce_mean(critic(fake)) - tf.reduce_mean(critic(real))
+                    + 10.0 * tf.reduce_mean(tf.square(slope - 1.0)))
+        grads = tape.gradient(loss, critic.trainable_variables)
+        optimizer.apply_gradients(zip(grads, critic.trainable_variables))
+        return loss
+    return critic, step
+
+
+def test_a_gradient_penalty_trains_like_tf_function():
+    from tofu_tf.errors import KeptWholeWarning
+    from tofu_tf.models.keras_models import keras_float
+    with keras_float("float64"):
+        reference, reference_step = _critic_step()
+        mine, my_step = _critic_step()
+    partitioned = tofu_tf.function(my_step, num_devices=3)
+    whole = tf.function(reference_step)
+    rng = np.random.default_rng(0)
+    for _ in range(2):
+        batch = (rng.standard_normal((6, 16, 16, 3)), rng.standard_normal((6, 16, 16, 3)),
+                 rng.uniform(size=(6, 1, 1, 1)))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", KeptWholeWarning)
+            got = partitioned(*batch).numpy()
+        np.testing.assert_allclose(got, whole(*batch).numpy(), rtol=1e-9, atol=1e-12)
+    partitioned.write_back()
+    for got, want in zip(mine.weights, reference.weights):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-9, atol=1e-12,
+                                   err_msg=got.path)
+    kinds = {op.type for op in partitioned.optimized.graph.ops}
+    assert {"MaxPoolGradGrad", "Conv2DBackpropInput"} <= kinds
