@@ -1,5 +1,6 @@
 """Gathers, scatters and segment reductions: GatherV2, Gather, ResourceGather, GatherNd,
-ScatterNd and UnsortedSegmentSum / Max / Min / Prod.
+ScatterNd, TensorScatterUpdate / Add / Sub / Max / Min and UnsortedSegmentSum / Max / Min /
+Prod.
 
 A gathered element is params[.., indices[i], ..]: the index is data, so a split on an
 indices dim cuts indices and takes params whole along the gathered axis, and a split on
@@ -8,7 +9,10 @@ out[s] = R_i (data[i] where ids[i] == s) splits on i (each part reduces its own 
 Partial), on the trailing dims, and on s (every part reduces all rows into all segments
 and keeps its own: the kernel rejects ids beyond num_segments, so it cannot be narrowed).
 ScatterNd (the gradient of GatherNd and of TopKV2) is a segment sum whose segment is a
-coordinate of `depth` dims: likewise.
+coordinate of `depth` dims: likewise. TensorScatterUpdate and its kin write the updates
+into a copy of their tensor: a split of the trailing dims cuts tensor and updates alike; a
+split of an indexed dim runs the whole op and keeps the part's share (an update's order
+among duplicates, and the kernel's bounds check, need all of it).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from tofu_tf.op_semantics.helpers import normalize_axis
 from tofu_tf.op_semantics.hooks import crop_split_outputs, sizes, split_dim
 from tofu_tf.op_semantics.localize import replace
 from tofu_tf.op_semantics.registry import semantics
-from tofu_tf.op_semantics.tdl import Const, Eq, ReduceN, where
+from tofu_tf.op_semantics.tdl import Const, Eq, Fn, Opaque, ReduceN, where
 
 
 def _gather(ctx, params, indices, axis: int, batch_dims: int) -> None:
@@ -132,4 +136,37 @@ def scatter_nd(ctx):
         if not lead:
             return element(c, (), inner)
         return ReduceN("sum", lambda *r: element(c, r, inner), lead)
+    ctx.compute_nd(body)
+
+
+TENSOR_SCATTERS = ("TensorScatterUpdate", "TensorScatterAdd", "TensorScatterSub",
+                   "TensorScatterMax", "TensorScatterMin")
+
+
+def _tensor_scatter_local(ctx, local):
+    """A split of an indexed dim: the whole op, the part's share kept."""
+    dim = split_dim(ctx)
+    if dim is not None and dim < ctx.sem.input_shapes[1][-1]:
+        return crop_split_outputs(ctx, local)
+    return local
+
+
+@semantics(*TENSOR_SCATTERS, localize=_tensor_scatter_local)
+def tensor_scatter(ctx):
+    """out[c, inner] = tensor[c, inner] combined with every updates[r, inner] whose
+    indices[r, :] == c: a function of the tensor's whole indexed dims (the kernel checks
+    every index against them) and of all the updates, at the trailing position `inner`."""
+    tensor, indices, updates = ctx.inputs[:3]
+    depth, lead = indices.shape[-1], indices.shape[:-1]
+
+    def body(idx):
+        c, inner = tuple(idx[:depth]), tuple(idx[depth:])
+        whole = ReduceN("window", lambda *cs: tensor[cs + inner], tensor.shape[:depth],
+                        names=[f"c{d}" for d in range(depth)])
+        rows = ReduceN("window", lambda *r: Fn("row", *(indices[r + (Const(k),)]
+                                                       for k in range(depth)),
+                                                updates[r + inner]),
+                       lead, names=[f"r{d}" for d in range(len(lead))]) if lead else \
+            Fn("row", *(indices[(Const(k),)] for k in range(depth)), updates[inner])
+        return Opaque(ctx.type.lower(), whole, rows, Fn("position", *c))
     ctx.compute_nd(body)

@@ -39,3 +39,12 @@ sample("ScatterNd", "flat, as TopKV2's gradient",
        lambda i, u: tf.scatter_nd(i, u, tf.constant([10], tf.int64)),
        arg((4, 2, 1), "int64", value=[[[7], [2]], [[9], [0]], [[2], [5]], [[4], [8]]]),
        arg((4, 2)))
+for op_type in ("TensorScatterUpdate", "TensorScatterAdd", "TensorScatterSub",
+                "TensorScatterMax", "TensorScatterMin"):
+    fn = getattr(tf.raw_ops, op_type)
+    sample(op_type, "rows, a duplicate",
+           lambda t, i, u, fn=fn: fn(tensor=t, indices=i, updates=u), arg((7, 4, 3)),
+           arg((3, 1), "int32", value=[[5], [1], [5]]), arg((3, 4, 3)))
+    sample(op_type, "elements",
+           lambda t, i, u, fn=fn: fn(tensor=t, indices=i, updates=u), arg((5, 6)),
+           arg((2, 2, 2), "int32", value=[[[0, 1], [4, 5]], [[2, 2], [3, 0]]]), arg((2, 2)))
