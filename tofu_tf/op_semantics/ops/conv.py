@@ -1,4 +1,5 @@
-"""Convolutions: Conv2D, Conv3D, depthwise, and their input and filter gradients.
+"""Convolutions: Conv2D, Conv3D, depthwise, and their input and filter gradients; image
+patches (ExtractImagePatches: a convolution's window without its filter).
 
 Per spatial dim, output o reads input o*s + k*d - p for kernel taps k (stride s, dilation
 d, padding p before the first element):
@@ -440,3 +441,32 @@ def depthwise_backprop_filter(ctx):
     if channels > 1:
         ctx.unsplittable("m", DEPTHWISE_REASON)
     _keep_spatial_whole(ctx, layout, _kernel_names(layout), _out_names(layout))
+
+
+PATCH_DEPTH_REASON = ("a patch's depth flattens its tap rows, tap columns and channels: a "
+                      "part of it is no patch of a part of the image")
+
+
+def _patches_local(ctx, local):
+    """VALID over the zero-padded region (the op's own padding where it arrives whole)."""
+    own = own_window(ctx.sem, local, (0,), (1, 2), filter_input=None)
+    return own or replace(local, attrs=valid_attrs(local.attrs))
+
+
+@semantics("ExtractImagePatches", localize=_patches_local)
+def extract_image_patches(ctx):
+    """y[n, oh, ow, (kh*KW + kw)*C + c] = x.padded(0)[n, oh*s + kh*r - p, ow*s + kw*r - p,
+    c] (rates r): batch and output rows and columns split, with a halo."""
+    x = ctx.inputs[0]
+    layout = Layout(False, 4)
+    kernel = tuple(int(k) for k in ctx.attr("ksizes"))[1:3]
+    attrs = {**ctx.attrs, "dilations": ctx.attr("rates")}
+    axes = axes_or_fail(ctx, attrs, layout, x.shape, ctx.output_shapes[0], kernel)
+    channels, columns = x.shape[3], kernel[1]
+    xp = x.padded(0)
+
+    def body(n, oh, ow, d):
+        kh, kw, c = d // (columns * channels), (d // channels) % columns, d % channels
+        return xp[n, axes[0].tap(oh, kh), axes[1].tap(ow, kw), c]
+    ctx.compute(body)
+    ctx.unsplittable("d", PATCH_DEPTH_REASON)

@@ -130,3 +130,11 @@ if CHANNELS_FIRST:
 for label, x, w, s, pad in CONV3D:
     _conv_family("Conv3D", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2", label, x, w,
                  _out_shape(x, w, s, pad), _attrs(s, pad, 1, rank=5))
+
+PATCHES = (("3x3 s2 SAME", (2, 9, 11, 3), (3, 3), (2, 2), (1, 1), "SAME"),
+           ("2x3 s(1,2) rate 2 VALID", (2, 8, 9, 2), (2, 3), (1, 2), (2, 2), "VALID"),
+           ("4x4 s4 VALID (ViT patches)", (2, 8, 12, 3), (4, 4), (4, 4), (1, 1), "VALID"))
+for label, x, k, s, r, pad in PATCHES:
+    sample("ExtractImagePatches", label,
+           lambda a, k=k, s=s, r=r, pad=pad: tf.image.extract_patches(
+               a, [1, *k, 1], [1, *s, 1], [1, *r, 1], pad), arg(x))
