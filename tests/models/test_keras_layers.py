@@ -3,7 +3,8 @@ functional model trained 2 Adam steps through `tofu_tf.function` against `tf.fun
 from identical weights, in float64 (float32 where TensorFlow has no float64 kernel); every
 op of these models is described (a kept-whole op fails the test), and the partitioned step
 splits the ops that stand in for them (dilations, resizing, 3-D pooling, cyclic shifts,
-pixel shuffles, band masks, grouped convolutions, mirror padding, top-k)."""
+pixel shuffles, band masks, grouped convolutions, mirror padding, top-k, augmentation's
+projective transforms and colour spaces)."""
 
 from __future__ import annotations
 
@@ -19,9 +20,10 @@ from tofu_tf.models.keras_models import keras_float
 from tofu_tf.models.user_models import user_train_step
 
 
-def _classifier(shape, layers, integer_inputs: int = 0):
+def _classifier(shape, layers, integer_inputs: int = 0, training: bool = False):
     """A builder for user_train_step: `layers()` on an input of `shape` (token ids below
-    `integer_inputs` when set), flattened into a 5-class Dense head."""
+    `integer_inputs` when set), flattened into a 5-class Dense head; `training`: the model
+    is called in training mode (augmentation layers draw their transforms)."""
     def build():
         import keras
         x = keras.Input(shape, dtype="int32" if integer_inputs else None)
@@ -34,7 +36,7 @@ def _classifier(shape, layers, integer_inputs: int = 0):
 
         def loss_of(inputs, labels):
             return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-                labels=labels, logits=model(inputs)))
+                labels=labels, logits=model(inputs, training=training)))
 
         def batch(rng):
             inputs = (rng.integers(0, integer_inputs, (8,) + shape).astype(np.int32)
@@ -163,6 +165,13 @@ def _layers():
             L.Lambda(lambda t: tf.tile(t, [1, 1, 1, 2])),
             L.Lambda(lambda t: tf.pad(t, [[0, 0], [1, 0], [0, 1], [0, 0]], mode="SYMMETRIC")),
             L.Conv2D(3, 2, strides=2), L.Lambda(lambda t: tf.math.top_k(t, 2).values)]),
+        # Augmentation in the model: random rotations, zooms and shears (projective
+        # transforms), hue and saturation (HSV), after a convolution. Their transforms
+        # are float32 whatever the model's dtype: float32 tolerances.
+        "augmentation": _classifier((12, 12, 3), lambda: [
+            L.Conv2D(3, 1), L.RandomRotation(0.2), L.RandomZoom(0.2), L.RandomShear(0.2),
+            L.RandomSaturation(0.3), L.RandomHue(0.2), L.Conv2D(4, 3, strides=2),
+            L.GlobalAveragePooling2D()], training=True),
         # TensorFlow's 3-D max pooling has no float64 kernel: this one runs in float32.
         "conv3d-pool3d": _classifier((6, 7, 6, 2), lambda: [
             L.Conv3D(4, 3, strides=(1, 2, 1), padding="same", activation="relu"),
@@ -176,8 +185,8 @@ LAYERS = ["conv1d-dilated-causal", "conv2d-dilated-same", "conv2d-transpose-sepa
           "conv1d-conv3d-groups", "attention-causal-norm", "bidirectional-timedistributed",
           "conv-transpose-output-padding", "attention-2d-axes", "einsum-dense-norm-axes",
           "masked-lstm", "upsample3d-conv1d-transpose", "odd-sizes-strides",
-          "mirror-pads-top-k"]
-FLOAT32 = {"conv3d-pool3d"}
+          "mirror-pads-top-k", "augmentation"]
+FLOAT32 = {"conv3d-pool3d", "augmentation"}
 DEVICES = {"odd-sizes-strides": 3}
 # The op types that stand in for a layer (TensorFlow's lowering), per model.
 BLOCKED = {"SpaceToBatchND", "BatchToSpaceND"}
@@ -192,7 +201,8 @@ STANDS_IN_FOR = {
     "roll-shifted-windows": {"Roll"},
     "pixel-shuffle-band": {"DepthToSpace", "SpaceToDepth", "MatrixBandPart"},
     "conv3d-pool3d": {"MaxPool3D", "MaxPool3DGrad", "AvgPool3D", "AvgPool3DGrad"},
-    "mirror-pads-top-k": {"MirrorPad", "MirrorPadGrad", "TopKV2", "ScatterNd"}}
+    "mirror-pads-top-k": {"MirrorPad", "MirrorPadGrad", "TopKV2", "ScatterNd"},
+    "augmentation": {"ImageProjectiveTransformV3", "RGBToHSV", "HSVToRGB"}}
 STANDS_IN = set().union(*STANDS_IN_FOR.values())
 
 

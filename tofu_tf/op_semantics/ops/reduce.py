@@ -1,5 +1,5 @@
 """Reductions: Sum, Mean, Max, Min, Prod, All, Any, EuclideanNorm, ArgMax/ArgMin, L2Loss,
-BiasAddGrad.
+BiasAddGrad; row searches: TopKV2, LowerBound / UpperBound (searchsorted).
 
 out[kept] = R(lambda r: x[kept, r]): a kept dim splits the output and the input alike; a
 reduced dim splits the input and leaves a Partial output combined with the reducer
@@ -101,6 +101,20 @@ def top_k(ctx):
         ctx.compute_nd(body, output=output)
     ctx.unsplittable(f"d{last}", "TopKV2 ranks the whole row: a part of the k positions "
                                  "is not the top k of a part")
+
+
+@semantics("LowerBound", "UpperBound")
+def bound(ctx):
+    """y[lead.., m] = where values[lead.., m] would go in the sorted row
+    sorted_inputs[lead.., :] (read whole); the values split with the batch dims."""
+    rows, values = ctx.inputs[:2]
+    last = values.rank - 1
+
+    def body(idx):
+        row = ReduceN("window", lambda r: rows[tuple(idx[:last]) + (r,)], [rows.shape[last]],
+                      names=[_reduced_name(last)])
+        return Opaque(ctx.type.lower(), row, values[idx])
+    ctx.compute_nd(body)
 
 
 @semantics("L2Loss")

@@ -58,3 +58,7 @@ sample("BiasAddGrad", "NCHW",
        arg((2, 5, 3, 4)))
 sample("BiasAddGrad", "rank 2", lambda dy: tf.raw_ops.BiasAddGrad(out_backprop=dy),
        arg((6, 5)))
+for op_type in ("LowerBound", "UpperBound"):
+    fn = getattr(tf.raw_ops, op_type)
+    sample(op_type, "rows", lambda s, v, fn=fn: fn(sorted_inputs=tf.sort(s), values=v),
+           arg((3, 7)), arg((3, 5)))
