@@ -103,15 +103,20 @@ def unsorted_segment(ctx):
     ctx.compute_nd(body)
 
 
+def _splits_an_indexed_dim(ctx, indices: int) -> bool:
+    """Whether the strategy splits an output dim that input `indices` addresses."""
+    dim = split_dim(ctx)
+    return dim is not None and dim < ctx.sem.input_shapes[indices][-1]
+
+
 def _scatter_nd_local(ctx, local):
     """A split of an indexed dim: each part scatters every update it has into the whole of
     that dim and keeps its own share (the kernel rejects indices past the shape). Else the
     shape input's trailing dims are the part's (its indexed dims stay as they are: a level
     above may have kept them whole)."""
-    depth = ctx.sem.input_shapes[0][-1]
-    dim = split_dim(ctx)
-    if dim is not None and dim < depth:
+    if _splits_an_indexed_dim(ctx, 0):
         return crop_split_outputs(ctx, local)
+    depth = ctx.sem.input_shapes[0][-1]
     shape = np.array(ctx.sem.constants[2])
     shape[depth:] = sizes(local.output_slices[0])[depth:]
     return replace(local, const_inputs={**local.const_inputs, 2: shape})
@@ -145,10 +150,7 @@ TENSOR_SCATTERS = ("TensorScatterUpdate", "TensorScatterAdd", "TensorScatterSub"
 
 def _tensor_scatter_local(ctx, local):
     """A split of an indexed dim: the whole op, the part's share kept."""
-    dim = split_dim(ctx)
-    if dim is not None and dim < ctx.sem.input_shapes[1][-1]:
-        return crop_split_outputs(ctx, local)
-    return local
+    return crop_split_outputs(ctx, local) if _splits_an_indexed_dim(ctx, 1) else local
 
 
 @semantics(*TENSOR_SCATTERS, localize=_tensor_scatter_local)
@@ -163,10 +165,11 @@ def tensor_scatter(ctx):
         c, inner = tuple(idx[:depth]), tuple(idx[depth:])
         whole = ReduceN("window", lambda *cs: tensor[cs + inner], tensor.shape[:depth],
                         names=[f"c{d}" for d in range(depth)])
-        rows = ReduceN("window", lambda *r: Fn("row", *(indices[r + (Const(k),)]
-                                                       for k in range(depth)),
-                                                updates[r + inner]),
-                       lead, names=[f"r{d}" for d in range(len(lead))]) if lead else \
-            Fn("row", *(indices[(Const(k),)] for k in range(depth)), updates[inner])
+
+        def row(*r):
+            return Fn("row", *(indices[r + (Const(k),)] for k in range(depth)),
+                      updates[r + inner])
+        rows = (ReduceN("window", row, lead, names=[f"r{d}" for d in range(len(lead))])
+                if lead else row())
         return Opaque(ctx.type.lower(), whole, rows, Fn("position", *c))
     ctx.compute_nd(body)

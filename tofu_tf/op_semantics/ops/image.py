@@ -84,7 +84,7 @@ def projective_transform(ctx):
         row = 0 if shared else b
         transform = ReduceN("window", lambda t: transforms[row, t], [transforms.shape[1]],
                             names=["t"])
-        args = (plane, transform, Fn("position", i, j)) + ((fill[()],) if fill else ())
+        args = (plane, transform, Fn("position", i, j)) + (() if fill is None else (fill[()],))
         return Opaque(ctx.type.lower(), *args)
     ctx.compute(body)
     for var in ("i", "j"):

@@ -7,9 +7,8 @@ keras.ops.diagonal, Cholesky's gradient); Cross (the cross product of 3-vectors)
 Each output matrix (or determinant) is a function of its whole input matrix: the two
 matrix dims stay whole and the batch dims split. A solve's right-hand side columns are
 independent: they split too (each part solves its own columns with the whole matrix). The
-diagonal ops keep their matrices and diagonals whole too (a part of a matrix holds a
-diagonal of its own offset and length, which a band of several diagonals does not
-follow); their batch dims split.
+diagonal ops keep their matrices and diagonals whole too (a block of a matrix holds its
+diagonals at other offsets and lengths, not described); their batch dims split.
 """
 
 from __future__ import annotations
@@ -20,12 +19,17 @@ from tofu_tf.op_semantics.tdl import Const, Fn, Opaque, ReduceN
 MATRIX_REASON = "{op} is a function of the whole matrix: a part of it is no {op} of a part"
 
 
-def _matrix(ref, lead, out_lead: int):
-    """ref's whole innermost matrix at the output's batch index `lead` (broadcast: ref's
-    batch dims align to the right, size-1 dims read 0)."""
-    offset = out_lead - (ref.rank - 2)
-    index = tuple(Const(0) if size == 1 else lead[offset + d]
-                  for d, size in enumerate(ref.shape[:-2]))
+def _batch(ref, lead) -> tuple:
+    """ref's batch index (all but its innermost two dims) at the output's batch index
+    `lead`: broadcast, ref's batch dims align to the right and size-1 dims read 0."""
+    offset = len(lead) - (ref.rank - 2)
+    return tuple(Const(0) if size == 1 else lead[offset + d]
+                 for d, size in enumerate(ref.shape[:-2]))
+
+
+def _matrix(ref, lead):
+    """ref's whole innermost matrix at the output's batch index `lead`."""
+    index = _batch(ref, lead)
     return ReduceN("window", lambda a, b: ref[index + (a, b)], ref.shape[-2:],
                    names=["ma", "mb"])
 
@@ -35,7 +39,7 @@ def square(ctx):
     """y[.., i, j] = f(x[.., :, :])[i, j]."""
     x = ctx.inputs[0]
     lead = x.rank - 2
-    ctx.compute_nd(lambda idx: Opaque(ctx.type.lower(), _matrix(x, idx[:lead], lead),
+    ctx.compute_nd(lambda idx: Opaque(ctx.type.lower(), _matrix(x, idx[:lead]),
                                       Fn("position", *idx[lead:])))
     for d in (lead, lead + 1):
         ctx.unsplittable(f"d{d}", MATRIX_REASON.format(op=ctx.type))
@@ -48,7 +52,7 @@ def determinant(ctx):
     lead = x.rank - 2
     for o in range(len(ctx.output_shapes)):         # one kernel: the outputs split alike
         ctx.compute_nd(lambda idx, o=o: Opaque(f"{ctx.type.lower()}_{o}",
-                                               _matrix(x, idx, lead)), output=o)
+                                               _matrix(x, idx)), output=o)
 
 
 @semantics("MatrixSolve", "MatrixTriangularSolve")
@@ -56,14 +60,12 @@ def solve(ctx):
     """y[.., i, k] = (matrix[.., :, :] solved against rhs[.., :, k])[i]."""
     matrix, rhs = ctx.inputs[:2]
     lead = len(ctx.output_shapes[0]) - 2
-    rhs_offset = lead - (rhs.rank - 2)
 
     def body(idx):
-        rhs_lead = tuple(Const(0) if size == 1 and ctx.output_shapes[0][rhs_offset + d] != 1
-                         else idx[rhs_offset + d] for d, size in enumerate(rhs.shape[:-2]))
-        column = ReduceN("window", lambda r: rhs[rhs_lead + (r, idx[lead + 1])],
+        batch = _batch(rhs, idx[:lead])
+        column = ReduceN("window", lambda r: rhs[batch + (r, idx[lead + 1])],
                          [rhs.shape[-2]], names=["r"])
-        return Opaque(ctx.type.lower(), _matrix(matrix, idx[:lead], lead), column,
+        return Opaque(ctx.type.lower(), _matrix(matrix, idx[:lead]), column,
                       Fn("position", idx[lead]))
     ctx.compute_nd(body)
     ctx.unsplittable(f"d{lead}", MATRIX_REASON.format(op=ctx.type))
@@ -76,7 +78,7 @@ def diag_part(ctx):
     ctx.const(1)
     lead = x.rank - 2
     inner = len(ctx.output_shapes[0]) - lead
-    ctx.compute_nd(lambda idx: Opaque("matrix_diag_part", _matrix(x, idx[:lead], lead),
+    ctx.compute_nd(lambda idx: Opaque("matrix_diag_part", _matrix(x, idx[:lead]),
                                       padding[()], Fn("position", *idx[lead:])))
     for d in range(lead, lead + inner):
         ctx.unsplittable(f"d{d}", MATRIX_REASON.format(op=ctx.type))
@@ -88,7 +90,7 @@ def set_diag(ctx):
     x, diagonal = ctx.inputs[:2]
     ctx.const(2)
     lead = x.rank - 2
-    ctx.compute_nd(lambda idx: Opaque("matrix_set_diag", _matrix(x, idx[:lead], lead),
+    ctx.compute_nd(lambda idx: Opaque("matrix_set_diag", _matrix(x, idx[:lead]),
                                       _diagonals(diagonal, idx[:lead]),
                                       Fn("position", *idx[lead:])))
     for d in (lead, lead + 1):
