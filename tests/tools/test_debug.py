@@ -50,3 +50,44 @@ def test_float32_rounding_is_told_from_a_wrong_op():
     assert not report.equal, "the tolerance is meant to see float32 rounding"
     assert report.culprit is None, str(report)
     assert str(report).startswith("rounding only")
+
+
+def test_bfloat16_rounding_is_told_from_a_wrong_op():
+    """Keras's mixed_bfloat16 policy: partial sums rounded to bfloat16 differ from the whole
+    ops by bfloat16's rounding, which is not blamed (NumPy does not rank ml_dtypes'
+    bfloat16 among its floats: its arrays are still compared as numbers)."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from tofu_tf.tools.debug import case_of
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        keras.utils.set_random_seed(0)
+        layers = keras.layers
+        model = keras.Sequential([
+            keras.Input((8, 8, 3)), layers.Conv2D(8, 3, padding="same"),
+            layers.BatchNormalization(), layers.ReLU(), layers.Flatten(), layers.Dense(16),
+            layers.Dense(5, dtype="float32")])
+        optimizer = keras.optimizers.SGD(0.1)
+
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                    labels=y, logits=model(x, training=True)))
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+        rng = np.random.default_rng(0)
+        batch = (rng.normal(size=(8, 8, 8, 3)).astype(np.float32),
+                 rng.integers(0, 5, 8).astype(np.int32))
+        concrete = tf.function(step).get_concrete_function(
+            tf.TensorSpec(batch[0].shape, tf.float32), tf.TensorSpec(batch[1].shape, tf.int32))
+        case = case_of(concrete, [batch])
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    report = compare_step(case.imported, 4, case.batches, case.values, rtol=1e-3)
+    assert not report.equal, "the tolerance is meant to see bfloat16 rounding"
+    assert report.culprit is None, str(report)
+    assert any(d.differs and "bfloat16" in str(case.imported.graph.tensors[d.tensor].dtype)
+               for s in report.steps for d in s.tensors), str(report)

@@ -219,10 +219,17 @@ def _default_thread_stack(size: int) -> bool:
         return False
 
 
+def _is_float(dtype) -> bool:
+    """NumPy's floats and ml_dtypes' (bfloat16: NumPy does not rank it among its floats)."""
+    return np.issubdtype(dtype, np.floating) or (dtype.kind == "V" and
+                                                 tf.as_dtype(dtype).is_floating)
+
+
 def _diff(graph: Graph, t: str, got, want, rtol: float, atol: float) -> TensorDiff:
     op = graph.producer(t)
     got, want = np.asarray(got), np.asarray(want)
-    if want.dtype == bool or not np.issubdtype(want.dtype, np.number):
+    if want.dtype == bool or not (np.issubdtype(want.dtype, np.number) or
+                                  _is_float(want.dtype)):
         error = float(np.count_nonzero(got != want))
         return TensorDiff(t, op.name, op.type, error, 1.0, error > 0)
     want64, got64 = want.astype(np.float64), got.astype(np.float64)
@@ -297,7 +304,7 @@ class _Judge:
         """Whether the partitioned result is within the whole op's own rounding: against
         the float64 result, its error is at most ROUNDING_FACTOR times the whole op's (a
         sum reordered over parts rounds differently, about as much)."""
-        if exact is None or not np.issubdtype(np.asarray(whole).dtype, np.floating):
+        if exact is None or not _is_float(np.asarray(whole).dtype):
             return False
         exact = np.asarray(exact, np.float64)
         own = float(np.max(np.abs(np.asarray(whole, np.float64) - exact), initial=0.0))
