@@ -143,3 +143,48 @@ def test_a_gradient_penalty_trains_like_tf_function():
                                    err_msg=got.path)
     kinds = {op.type for op in partitioned.optimized.graph.ops}
     assert {"MaxPoolGradGrad", "Conv2DBackpropInput"} <= kinds
+
+
+def test_a_graph_convolution_over_a_sparse_adjacency_trains_like_tf_function():
+    """A two-layer GCN: tf.sparse.sparse_dense_matmul with a constant adjacency
+    (SparseTensorDenseMatMul, its gradient the same op with adjoint_a), raw variables,
+    SGD; nothing kept whole, the sparse products split."""
+    from tofu_tf.errors import KeptWholeWarning
+    rng = np.random.default_rng(0)
+    nodes, features = 64, 8
+    edges = rng.integers(0, nodes, (300, 2)).astype(np.int64)
+    adjacency = tf.sparse.reorder(tf.sparse.SparseTensor(
+        edges, np.full(300, 0.25), [nodes, nodes]))
+    start = [rng.normal(size=(features, 16)) * 0.3, rng.normal(size=(16, 3)) * 0.3]
+
+    def gcn():
+        weights = [tf.Variable(w) for w in start]
+
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                h = tf.nn.relu(tf.sparse.sparse_dense_matmul(adjacency, x @ weights[0]))
+                logits = tf.sparse.sparse_dense_matmul(adjacency, h @ weights[1])
+                loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                    labels=y, logits=logits))
+            for w, g in zip(weights, tape.gradient(loss, weights)):
+                w.assign_sub(0.1 * g)
+            return loss
+        return weights, step
+    reference, reference_step = gcn()
+    mine, my_step = gcn()
+    partitioned = tofu_tf.function(my_step, num_devices=4)
+    whole = tf.function(reference_step)
+    x, y = rng.normal(size=(nodes, features)), rng.integers(0, 3, nodes).astype(np.int32)
+    for _ in range(3):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", KeptWholeWarning)
+            got = partitioned(x, y).numpy()
+        np.testing.assert_allclose(got, whole(x, y).numpy(), rtol=1e-12)
+    partitioned.write_back()
+    for got, want in zip(mine, reference):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-12, atol=1e-14)
+    optimized = partitioned.optimized
+    products = [op.name for op in optimized.graph.ops if op.type == "SparseTensorDenseMatMul"]
+    assert len(products) >= 3                   # the two layers and a gradient
+    assert all(any(level.choices[name] != "replicate" for level in optimized.plan.levels)
+               for name in products)

@@ -1,14 +1,17 @@
-"""Matrix products: MatMul, BatchMatMul (V1-V3), Einsum.
+"""Matrix products: MatMul, BatchMatMul (V1-V3), Einsum, SparseTensorDenseMatMul.
 
 out[i, j] = sum_k A[i, k] * B[k, j]: i and j split the output, k is a partial sum.
-Batch dims of BatchMatMulV2/V3 broadcast like element-wise ops.
+Batch dims of BatchMatMulV2/V3 broadcast like element-wise ops. A sparse A (a graph's
+adjacency in a GCN) sums over its entries e: out[i, j] = sum_e (v[e] * B[c[e], j] where
+r[e] == i); j and e split (e a partial sum), and i, an index held as data, as a segment
+sum's segments do: each part computes every row and keeps its own.
 """
 
 from __future__ import annotations
 
-
+from tofu_tf.op_semantics.hooks import crop_split_outputs, split_dim
 from tofu_tf.op_semantics.registry import semantics
-from tofu_tf.op_semantics.tdl import Const, ReduceN, Sum
+from tofu_tf.op_semantics.tdl import Const, Eq, ReduceN, Sum, where
 
 
 @semantics("MatMul")
@@ -79,3 +82,27 @@ def einsum(ctx):
                        [sizes[l] for l in summed], names=[f"r_{l}" for l in summed])
     ctx.compute_nd(body, prefix="o_")
 
+
+
+def _sparse_matmul_local(ctx, local):
+    """A split of the output's rows (indexed by data): every part computes every row, keeps
+    its own (the kernel checks each index against the dense shape)."""
+    return crop_split_outputs(ctx, local) if split_dim(ctx) == 0 else local
+
+
+@semantics("SparseTensorDenseMatMul", localize=_sparse_matmul_local)
+def sparse_dense_matmul(ctx):
+    """y[i, j] = Sum(e: values[e] * B[c(e), j] where r(e) == i), (r, c) the entry's row and
+    column (swapped by adjoint_a), B transposed by adjoint_b."""
+    indices, values, _, dense = ctx.inputs
+    ctx.const(2)                                            # a_shape
+    row, col = (1, 0) if ctx.attr("adjoint_a", False) else (0, 1)
+    adjoint_b = bool(ctx.attr("adjoint_b", False))
+
+    def body(i, j):
+        def entry(e):
+            k = indices[e, Const(col)]
+            return where(Eq(indices[e, Const(row)], i),
+                         values[e] * (dense[j, k] if adjoint_b else dense[k, j]), 0)
+        return Sum(entry, [values.shape[0]])
+    ctx.compute(body)

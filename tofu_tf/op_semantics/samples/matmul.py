@@ -23,3 +23,13 @@ sample("Einsum", "bij,jk->bik", lambda a, b: tf.einsum("bij,jk->bik", a, b),
 sample("Einsum", "bhqd,bhkd->bhqk", lambda a, b: tf.einsum("bhqd,bhkd->bhqk", a, b),
        arg((2, 3, 5, 4)), arg((2, 3, 6, 4)))
 sample("Einsum", "ij->ji", lambda a: tf.einsum("ij->ji", a), arg((5, 6)))
+# A sparse 6x5 matrix of 9 entries (one repeated), times a dense one; adjoints.
+ENTRIES = [[0, 1], [2, 4], [5, 0], [3, 3], [0, 1], [1, 2], [4, 4], [5, 3], [2, 0]]
+sample("SparseTensorDenseMatMul", "entries",
+       lambda i, v, b: tf.raw_ops.SparseTensorDenseMatMul(a_indices=i, a_values=v,
+                                                           a_shape=[6, 5], b=b),
+       arg((9, 2), "int64", value=ENTRIES), arg((9,)), arg((5, 4)))
+sample("SparseTensorDenseMatMul", "adjoint a and b",
+       lambda i, v, b: tf.raw_ops.SparseTensorDenseMatMul(
+           a_indices=i, a_values=v, a_shape=[6, 5], b=b, adjoint_a=True, adjoint_b=True),
+       arg((9, 2), "int64", value=ENTRIES), arg((9,)), arg((3, 6)))
