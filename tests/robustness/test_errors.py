@@ -86,6 +86,23 @@ def test_a_resource_op_without_a_description_is_an_error_even_when_not_strict():
     _named(caught.value, "scatter_nd", "ResourceScatterNdUpdate")
 
 
+def test_a_reference_variable_is_an_error_naming_resource_variables():
+    """TensorFlow 1's reference variables (get_variable without use_resource) are refused
+    at import, before an emitted graph would fail on their ref-typed reads."""
+    def build_fn():
+        x = tf.compat.v1.placeholder(tf.float32, [8, 4], name="x")
+        with tf.compat.v1.variable_scope("net", use_resource=False):
+            w = tf.compat.v1.get_variable("w", [4, 2])
+        loss = tf.reduce_sum(tf.matmul(x, w), name="loss")
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+        return [loss, train], {}
+    graph_def, fetches, _ = _graph(build_fn)
+    with pytest.raises(GraphImportError, match="reference variable") as caught:
+        optimize(graph_def, fetches, feeds=["x"], num_devices=2)
+    _named(caught.value, "net/w", "VariableV2")
+    assert "use_resource=True" in str(caught.value)
+
+
 def test_a_dynamic_dimension_names_the_placeholder():
     def build_fn():
         x = tf.compat.v1.placeholder(tf.float32, [None, 4], name="x")

@@ -40,6 +40,9 @@ CONTROL_FLOW_OPS = frozenset({
     "Enter", "Exit", "Switch", "Merge", "NextIteration", "LoopCond", "RefEnter", "RefSwitch",
 })
 CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall", "SymbolicGradient"})
+# TensorFlow 1's reference variables: their reads and in-place updates carry ref-typed
+# tensors, which no part of a step can hold a shard of.
+REF_VARIABLE_OPS = frozenset({"VariableV2", "Variable", "TemporaryVariable"})
 SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
 
 _UNROLL_FIX = ("unroll the loop in Python (for i in range(n)) with a fixed n, or "
@@ -325,8 +328,17 @@ def _renamed_inputs(node: node_def_pb2.NodeDef, renames: Mapping[str, str]
 
 
 def reject_unsupported(graph_def: graph_pb2.GraphDef, *, inlined: bool = True) -> None:
-    """Raise on control flow, TensorList ops and (once `inlined`) calls left in place."""
+    """Raise on control flow, TensorList ops, reference variables and (once `inlined`)
+    calls left in place."""
     for node in graph_def.node:
+        if node.op in REF_VARIABLE_OPS:
+            raise GraphImportError(
+                "a reference variable (TensorFlow 1's) cannot be sharded: its reads and "
+                "in-place updates are ref-typed.", node=node.name, op_type=node.op,
+                fix="build the graph with resource variables: call "
+                    "tf.compat.v1.enable_resource_variables() first, or pass "
+                    "use_resource=True to tf.compat.v1.get_variable (TensorFlow 2's "
+                    "tf.Variable is one).")
         if node.op in CONTROL_FLOW_OPS:
             raise GraphImportError(
                 "control flow cannot be partitioned op by op (loops and conditionals "
