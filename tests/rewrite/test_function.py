@@ -188,3 +188,56 @@ def test_a_graph_convolution_over_a_sparse_adjacency_trains_like_tf_function():
     assert len(products) >= 3                   # the two layers and a gradient
     assert all(any(level.choices[name] != "replicate" for level in optimized.plan.levels)
                for name in products)
+
+
+def test_tf_print_in_the_step_prints_once_per_step(tmp_path):
+    """tf.print (PrintV2, kept whole: no description) has no result: one device runs it,
+    with the whole loss, not every device."""
+    printed = tmp_path / "printed.txt"
+    weights, slots = _variables()
+    plain = _momentum_step(weights, slots).python_function
+
+    def step(x, y):
+        loss = plain(x, y)
+        tf.print("loss", loss, output_stream=f"file://{printed}")
+        return loss
+    partitioned = tofu_tf.function(step, num_devices=4)
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal((8, 16)), rng.standard_normal((8, 8))
+    losses = [float(partitioned(x, y)) for _ in range(2)]
+    lines = printed.read_text().splitlines()
+    assert len(lines) == 2, lines
+    for line, loss in zip(lines, losses):
+        assert line.startswith("loss ") and abs(float(line.split()[1]) - loss) <= 1e-5 * loss
+
+
+def test_assertions_in_the_step_hold_and_fail_as_in_tf_function():
+    """tf.debugging.assert_* in a step: each guard (an If) becomes its Assert, run once
+    (on device 0); its condition, a reduce_all (reduce_any) over a split tensor, is
+    combined across devices with LogicalAnd (LogicalOr). A holding assertion trains as before; a failing one fails
+    the step with its message."""
+    weights, slots = _variables()
+    plain = _momentum_step(weights, slots).python_function
+
+    def checked(bound):
+        def step(x, y):
+            tf.debugging.assert_non_negative(tf.abs(x), message="x is never negative")
+            tf.debugging.Assert(tf.logical_not(tf.reduce_any(tf.math.is_nan(y))),
+                                ["y has a NaN"])
+            loss = plain(x, y)
+            tf.debugging.assert_less(loss, tf.constant(bound, tf.float64),
+                                     message="the loss is past its bound")
+            return loss
+        return step
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal((8, 16)), rng.standard_normal((8, 8))
+    start = [w.numpy() for w in weights + slots]
+    partitioned = tofu_tf.function(checked(1e6), num_devices=4)
+    got = [float(partitioned(x, y)) for _ in range(2)]
+    for variable, value in zip(weights + slots, start):
+        variable.assign(value)
+    whole = tf.function(checked(1e6))
+    np.testing.assert_allclose(got, [float(whole(x, y)) for _ in range(2)], rtol=1e-12)
+    failing = tofu_tf.function(checked(1e-3), num_devices=4)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="the loss is past its bound"):
+        failing(x, y)

@@ -327,6 +327,58 @@ def _renamed_inputs(node: node_def_pb2.NodeDef, renames: Mapping[str, str]
     return copy
 
 
+_GUARD_OPS = frozenset({"Const", "Assert", "Identity", "NoOp"})
+
+
+def assert_guards_as_asserts(graph_def: graph_pb2.GraphDef) -> int:
+    """In place: each assertion's guard (tf.debugging.Assert in a function: an If whose
+    true branch does nothing and whose false branch asserts) becomes the Assert itself,
+    which fails the step as the guard did; the guard's name stays, an Identity of the
+    condition that waits for it. Returns how many were rewritten."""
+    functions = {f.signature.name: f for f in graph_def.library.function}
+    rewritten, added = 0, []
+    for node in graph_def.node:
+        if node.op != "If":
+            continue
+        then_fn = functions.get(node.attr["then_branch"].func.name)
+        else_fn = functions.get(node.attr["else_branch"].func.name)
+        if then_fn is None or else_fn is None or \
+                any(n.op not in ("Identity", "NoOp") for n in then_fn.node_def) or \
+                any(n.op not in _GUARD_OPS for n in else_fn.node_def):
+            continue
+        asserts = [n for n in else_fn.node_def if n.op == "Assert"]
+        if len(asserts) != 1 or len(node.attr["Tout"].list.type) != 1:
+            continue
+        args = {a.name: node.input[1 + i] for i, a in enumerate(else_fn.signature.input_arg)}
+        consts = {}
+        for inner in else_fn.node_def:
+            if inner.op == "Const":
+                const = node_def_pb2.NodeDef(name=f"{node.name}/{inner.name.split('/')[-1]}",
+                                             op="Const", device=node.device)
+                const.attr["dtype"].CopyFrom(inner.attr["dtype"])
+                const.attr["value"].CopyFrom(inner.attr["value"])
+                consts[inner.name] = const.name
+                added.append(const)
+        check = node_def_pb2.NodeDef(name=f"{node.name}/Assert", op="Assert",
+                                     device=node.device)
+        for name in asserts[0].input:
+            if name.startswith("^"):
+                continue
+            check.input.append(args[name] if name in args else consts[name.split(":")[0]])
+        check.input.extend(i for i in node.input if i.startswith("^"))
+        check.attr["T"].CopyFrom(asserts[0].attr["T"])
+        check.attr["summarize"].CopyFrom(asserts[0].attr["summarize"])
+        added.append(check)
+        condition = node.input[0]
+        node.Clear()
+        node.name, node.op = check.name[:-len("/Assert")], "Identity"
+        node.input.extend([condition, "^" + check.name])
+        node.attr["T"].type = tf.bool.as_datatype_enum
+        rewritten += 1
+    graph_def.node.extend(added)
+    return rewritten
+
+
 def reject_unsupported(graph_def: graph_pb2.GraphDef, *, inlined: bool = True) -> None:
     """Raise on control flow, TensorList ops, reference variables and (once `inlined`)
     calls left in place."""

@@ -103,6 +103,7 @@ def _run_passes(graph_def, fetches, feeds, captures, start, side_effects) -> Imp
     stats: dict[str, float] = {"nodes_in": len(graph_def.node)}
     roots = _normalise.fetch_node_names([*fetches, *feeds, *side_effects])
     graph_def = _normalise.prune(graph_def, roots)
+    _normalise.assert_guards_as_asserts(graph_def)
     _normalise.reject_unsupported(graph_def, inlined=False)
     if _normalise.calls_functions(graph_def):
         if _inline.inlinable(graph_def):
@@ -119,6 +120,8 @@ def _run_passes(graph_def, fetches, feeds, captures, start, side_effects) -> Imp
     # stage drops what it leaves unused.
     stale = _normalise.strip_const_control_inputs(graph_def)
     if stale:
+        graph_def = _normalise.prune(graph_def, roots)
+    if _normalise.assert_guards_as_asserts(graph_def):     # those of inlined calls
         graph_def = _normalise.prune(graph_def, roots)
     _normalise.reject_unsupported(graph_def)
     fetches = [*fetches, *_normalise.unreached(graph_def, fetches, side_effects)]

@@ -53,7 +53,9 @@ def reduce_all(em, t: str, op: str) -> dict[int, dict[Box, Ref]]:
     boxes = [value and value.box for value in em.produced[t]]
     replicas = replica_levels(em.parts, levels, boxes)
     active = em.active(t)
-    if all_reduces(em.use_v2, reducer, levels, states):
+    # collectives reduce numbers: booleans are combined by logical ops (_combine)
+    if em.graph.tensors[t].dtype != "bool" and all_reduces(em.use_v2, reducer, levels,
+                                                          states):
         targets = _targets(em, t, [box if d in active else None
                                    for d, box in enumerate(boxes)], replicas, states)
         pieces = _all_reduce_v2(em, t, op, levels, reducer, targets)
@@ -277,6 +279,8 @@ def _collective_reduce(em, tensor: Ref, size: int, key: tuple[int, int], reducer
 
 
 COMBINE = {"max": "Maximum", "min": "Minimum", "prod": "Mul"}
+# Booleans (tf.reduce_all / reduce_any: a min / max): Minimum and Maximum take no bool.
+LOGICAL = {"max": "LogicalOr", "min": "LogicalAnd"}
 
 
 def _combine(em, t: str, terms: list[Ref], reducer: str, d: int) -> Ref:
@@ -286,11 +290,15 @@ def _combine(em, t: str, terms: list[Ref], reducer: str, d: int) -> Ref:
     name = em._name(t.replace(":", "_") + "/reduce")
     if reducer in ("sum", "mean"):
         return em.out.add_n(terms, d, name)
-    if reducer not in COMBINE:
+    logical = em.graph.tensors[t].dtype == "bool"
+    combiner = (LOGICAL if logical else COMBINE).get(reducer)
+    if combiner is None:
         raise RewriteError(f"no combiner for partial results reduced by '{reducer}'.",
                            node=t)
     result = terms[0]
     for term in terms[1:]:
-        result = em.out.binary(COMBINE[reducer], result, term, d,
-                               em._name(t.replace(":", "_") + "/" + COMBINE[reducer]))
+        step = em._name(t.replace(":", "_") + "/" + combiner)
+        result = (em.out.node(combiner, step, d, (result, term), {}, [result.shape],
+                              [result.dtype])[0] if logical
+                  else em.out.binary(combiner, result, term, d, step))
     return em.out.identity(result, d, name)

@@ -437,7 +437,8 @@ def partition(graph: Graph, entries: Mapping[str, OpEntry], plan: Plan,
                   [graph.tensors[t].dtype for t in op.outputs])
         pieces = device_ops(entry.semantics, entry.strategies, labels, ways, coords, memo,
                             dtypes, _asked_once(result_shapes))
-        if once_below and computed_once(op, entry.semantics, pieces, graph, once_below):
+        if (once_below and computed_once(op, entry.semantics, pieces, graph, once_below)) \
+                or side_effect_only(op, entry.semantics, graph):
             first = _first_device(plan.stages.get(op.name), ways)
             pieces = tuple(piece if piece.device == first
                            else dataclasses.replace(piece, elsewhere=True) for piece in pieces)
@@ -496,6 +497,13 @@ def computed_once(op, sem: Semantics, pieces: tuple[DeviceOp, ...], graph: Graph
             return False
     return all(_alike(piece, first) for piece in pieces[1:]) and not first.identity and \
         not any(out.partial_levels or out.scale != 1.0 for out in first.outputs)
+
+
+def side_effect_only(op, sem: Semantics, graph: Graph) -> bool:
+    """An op kept whole that returns nothing and writes no variable (tf.print's PrintV2, an
+    Assert): its effect happens once per step, on one device, not once per device."""
+    return (sem.is_opaque and not op.outputs and not sem.updates and op.type != "NoOp"
+            and not any(graph.tensors[t].is_resource for t in op.inputs))
 
 
 def _alike(a: DeviceOp, b: DeviceOp) -> bool:
