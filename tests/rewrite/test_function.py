@@ -214,8 +214,8 @@ def test_tf_print_in_the_step_prints_once_per_step(tmp_path):
 def test_assertions_in_the_step_hold_and_fail_as_in_tf_function():
     """tf.debugging.assert_* in a step: each guard (an If) becomes its Assert, run once
     (on device 0); its condition, a reduce_all (reduce_any) over a split tensor, is
-    combined across devices with LogicalAnd (LogicalOr). A holding assertion trains as before; a failing one fails
-    the step with its message."""
+    combined across devices with LogicalAnd (LogicalOr). A holding assertion trains as
+    before; a failing one fails the step with its message."""
     weights, slots = _variables()
     plain = _momentum_step(weights, slots).python_function
 

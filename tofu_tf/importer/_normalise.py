@@ -349,22 +349,22 @@ def assert_guards_as_asserts(graph_def: graph_pb2.GraphDef) -> int:
         asserts = [n for n in else_fn.node_def if n.op == "Assert"]
         if len(asserts) != 1 or len(node.attr["Tout"].list.type) != 1:
             continue
-        args = {a.name: node.input[1 + i] for i, a in enumerate(else_fn.signature.input_arg)}
-        consts = {}
-        for inner in else_fn.node_def:
-            if inner.op == "Const":
-                const = node_def_pb2.NodeDef(name=f"{node.name}/{inner.name.split('/')[-1]}",
-                                             op="Const", device=node.device)
-                const.attr["dtype"].CopyFrom(inner.attr["dtype"])
-                const.attr["value"].CopyFrom(inner.attr["value"])
-                consts[inner.name] = const.name
-                added.append(const)
+        # the Assert reads the branch's arguments (the If's inputs past the condition)
+        # and its own constants (the message), which move out of the function
+        sources = {a.name: node.input[1 + i] for i, a in enumerate(else_fn.signature.input_arg)}
+        consts = {inner.name: inner for inner in else_fn.node_def if inner.op == "Const"}
+        sources.update({name: f"{node.name}/{name.split('/')[-1]}" for name in consts})
+        data = [name.split(":")[0] for name in asserts[0].input if not name.startswith("^")]
+        if any(name not in sources for name in data):
+            continue
+        for name, inner in consts.items():
+            const = node_def_pb2.NodeDef(name=sources[name], op="Const", device=node.device)
+            const.attr["dtype"].CopyFrom(inner.attr["dtype"])
+            const.attr["value"].CopyFrom(inner.attr["value"])
+            added.append(const)
         check = node_def_pb2.NodeDef(name=f"{node.name}/Assert", op="Assert",
                                      device=node.device)
-        for name in asserts[0].input:
-            if name.startswith("^"):
-                continue
-            check.input.append(args[name] if name in args else consts[name.split(":")[0]])
+        check.input.extend(sources[name] for name in data)
         check.input.extend(i for i in node.input if i.startswith("^"))
         check.attr["T"].CopyFrom(asserts[0].attr["T"])
         check.attr["summarize"].CopyFrom(asserts[0].attr["summarize"])
