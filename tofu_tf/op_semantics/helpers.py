@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from tofu_tf.op_semantics.tdl import Access, Const, Expr, TensorRef
+from tofu_tf.op_semantics.tdl import Access, Const, Expr, Fn, Opaque, ReduceN, TensorRef
 
 
 def broadcast(ref: TensorRef, index: Sequence[Expr], out_shape: Sequence[int]) -> Access:
@@ -30,3 +30,22 @@ def normalize_axes(axes, rank: int) -> tuple[int, ...]:
     except TypeError:
         items = [axes]
     return tuple(sorted({normalize_axis(int(a), rank) for a in items}))
+
+
+def whole_inner(ctx, inputs: Sequence[TensorRef], n: int, reason: str,
+                extra: Sequence[Expr] = ()) -> None:
+    """y[lead.., p..] = f(each input's innermost `n` dims, whole, at lead; `extra`) at
+    position p: the leading (batch) dims split, the output's own dims past them stay whole
+    (`reason`). A matrix function, a Fourier transform, a pixel's colour conversion."""
+    lead = inputs[0].rank - n
+    inner = len(ctx.output_shapes[0]) - lead
+
+    def body(idx):
+        wholes = [ReduceN("window", lambda *js, ref=ref: ref[tuple(idx[:lead]) + js],
+                          ref.shape[lead:], names=[f"w{d}" for d in range(n)])
+                  for ref in inputs]
+        position = (Fn("position", *idx[lead:]),) if inner else ()
+        return Opaque(ctx.type.lower(), *wholes, *extra, *position)
+    ctx.compute_nd(body)
+    for d in range(lead, lead + inner):
+        ctx.unsplittable(f"d{d}", reason)

@@ -9,8 +9,8 @@ split, each part transforming its own rows with the op's own kernel (and fft_len
 
 from __future__ import annotations
 
+from tofu_tf.op_semantics.helpers import whole_inner
 from tofu_tf.op_semantics.registry import semantics
-from tofu_tf.op_semantics.tdl import Fn, Opaque, ReduceN
 
 TRANSFORMS = {"FFT": 1, "IFFT": 1, "FFT2D": 2, "IFFT2D": 2, "FFT3D": 3, "IFFT3D": 3}
 REAL_TRANSFORMS = {"RFFT": 1, "IRFFT": 1, "RFFT2D": 2, "IRFFT2D": 2, "RFFT3D": 3,
@@ -25,12 +25,4 @@ def fourier(ctx):
     if ctx.type in REAL_TRANSFORMS:
         ctx.const(1)                                    # fft_length
     n = {**TRANSFORMS, **REAL_TRANSFORMS}[ctx.type]
-    lead = x.rank - n
-
-    def body(idx):
-        inner = ReduceN("window", lambda *js: x[tuple(idx[:lead]) + js], x.shape[lead:],
-                        names=[f"f{d}" for d in range(n)])
-        return Opaque(ctx.type.lower(), inner, Fn("position", *idx[lead:]))
-    ctx.compute_nd(body)
-    for d in range(lead, x.rank):
-        ctx.unsplittable(f"d{d}", REASON.format(op=ctx.type, n=n))
+    whole_inner(ctx, [x], n, REASON.format(op=ctx.type, n=n))

@@ -17,6 +17,7 @@ maps each pixel's three channels to three: every dim but the channels splits.
 
 from __future__ import annotations
 
+from tofu_tf.op_semantics.helpers import whole_inner
 from tofu_tf.op_semantics.registry import semantics
 from tofu_tf.op_semantics.tdl import Fn, Opaque, ReduceN
 
@@ -94,12 +95,4 @@ def projective_transform(ctx):
 @semantics("RGBToHSV", "HSVToRGB")
 def colour_space(ctx):
     """y[.., k] = the conversion of pixel x[.., :] (3 channels), channel k."""
-    x = ctx.inputs[0]
-    lead = x.rank - 1
-
-    def body(idx):
-        pixel = ReduceN("window", lambda ch: x[tuple(idx[:lead]) + (ch,)], [x.shape[-1]],
-                        names=["ch"])
-        return Opaque(ctx.type.lower(), pixel, Fn("position", idx[lead]))
-    ctx.compute_nd(body)
-    ctx.unsplittable(f"d{lead}", PIXEL_REASON.format(op=ctx.type))
+    whole_inner(ctx, ctx.inputs[:1], 1, PIXEL_REASON.format(op=ctx.type))

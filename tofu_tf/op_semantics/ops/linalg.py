@@ -13,6 +13,7 @@ diagonals at other offsets and lengths, not described); their batch dims split.
 
 from __future__ import annotations
 
+from tofu_tf.op_semantics.helpers import whole_inner
 from tofu_tf.op_semantics.registry import semantics
 from tofu_tf.op_semantics.tdl import Const, Fn, Opaque, ReduceN
 
@@ -37,19 +38,13 @@ def _matrix(ref, lead):
 @semantics("MatrixInverse", "Cholesky")
 def square(ctx):
     """y[.., i, j] = f(x[.., :, :])[i, j]."""
-    x = ctx.inputs[0]
-    lead = x.rank - 2
-    ctx.compute_nd(lambda idx: Opaque(ctx.type.lower(), _matrix(x, idx[:lead]),
-                                      Fn("position", *idx[lead:])))
-    for d in (lead, lead + 1):
-        ctx.unsplittable(f"d{d}", MATRIX_REASON.format(op=ctx.type))
+    whole_inner(ctx, ctx.inputs[:1], 2, MATRIX_REASON.format(op=ctx.type))
 
 
 @semantics("MatrixDeterminant", "LogMatrixDeterminant")
 def determinant(ctx):
     """y[..] = det(x[.., :, :]) (LogMatrixDeterminant: its sign and log |det|)."""
     x = ctx.inputs[0]
-    lead = x.rank - 2
     for o in range(len(ctx.output_shapes)):         # one kernel: the outputs split alike
         ctx.compute_nd(lambda idx, o=o: Opaque(f"{ctx.type.lower()}_{o}",
                                                _matrix(x, idx)), output=o)
@@ -74,14 +69,9 @@ def solve(ctx):
 @semantics("MatrixDiagPartV3")
 def diag_part(ctx):
     """y[.., (d,) t] = the diagonal(s) k of x[.., :, :] at t (padding_value past one's end)."""
-    x, padding = ctx.inputs[0], ctx.inputs[2]
     ctx.const(1)
-    lead = x.rank - 2
-    inner = len(ctx.output_shapes[0]) - lead
-    ctx.compute_nd(lambda idx: Opaque("matrix_diag_part", _matrix(x, idx[:lead]),
-                                      padding[()], Fn("position", *idx[lead:])))
-    for d in range(lead, lead + inner):
-        ctx.unsplittable(f"d{d}", MATRIX_REASON.format(op=ctx.type))
+    whole_inner(ctx, ctx.inputs[:1], 2, MATRIX_REASON.format(op=ctx.type),
+                extra=[ctx.inputs[2][()]])               # padding_value
 
 
 @semantics("MatrixSetDiagV3")
@@ -121,13 +111,4 @@ def _diagonals(diagonal, lead):
 @semantics("Cross")
 def cross(ctx):
     """y[.., i] = (a[.., :] x b[.., :])[i]: each vector whole, the batch dims split."""
-    a, b = ctx.inputs
-    last = a.rank - 1
-
-    def body(idx):
-        def vector(ref):
-            return ReduceN("window", lambda v: ref[tuple(idx[:last]) + (v,)], [3],
-                           names=["v"])
-        return Opaque("cross", vector(a), vector(b), Fn("position", idx[last]))
-    ctx.compute_nd(body)
-    ctx.unsplittable(f"d{last}", "a cross product's component reads the other two")
+    whole_inner(ctx, ctx.inputs, 1, "a cross product's component reads the other two")
